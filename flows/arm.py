@@ -1,0 +1,68 @@
+"""One arm: cleanup -> launch -> wait -> warmup -> scrape -> bench -> scrape -> teardown -> record."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prefect import flow
+
+from infra import vllm
+from infra.arms import Arm, plan_server
+from infra.config import Profile
+from infra.executor import executor_for
+from infra.tracking import Tracker
+from tasks.bench import benchmark, warmup
+from tasks.cleanup import cleanup
+from tasks.health import wait_healthy
+from tasks.launch import launch_server
+from tasks.record import ArmEvidence, ArmResult, record_arm
+from tasks.scrape import counter_metrics, log_crosscheck, scrape
+from tasks.teardown import teardown
+
+
+@flow(name="arm", flow_run_name="arm-{arm.name}", log_prints=True)
+def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, parent_run_id: str,
+            workdir: str, prompts: list[str]) -> ArmResult:
+    tracker = Tracker(tracking_uri)
+    tags = {"specdiag.kind": "arm", "specdiag.arm": arm.name, "specdiag.drafter": arm.drafter or "none",
+            "specdiag.role": arm.role}
+    result = ArmResult(arm.name, arm.role, tracker.start(experiment_id, arm.name, tags, parent=parent_run_id))
+    ev, server, params, start = ArmEvidence(), None, {}, time.monotonic()
+    executor = executor_for(cfg.host.kind)
+    try:
+        plan = plan_server(cfg, arm, Path(workdir))
+        params, ev.log_path = plan.params, plan.log_path
+        ev.metrics.update(cleanup(executor, cfg.host))
+        server = launch_server(plan, executor)
+        ev.server_cmd = server.process.command
+        ev.metrics["server_ready_s"] = wait_healthy(server, cfg.health_timeout_s)
+        bench_start = time.monotonic()
+        warmup(server.base_url, cfg.bench, prompts[:cfg.bench.warmup])
+        ev.before = scrape(server)
+        ev.bench = benchmark(server.base_url, cfg.bench, prompts[cfg.bench.warmup:])
+        ev.after = scrape(server)
+        ev.metrics["bench_s"] = time.monotonic() - bench_start
+        ev.metrics.update(counter_metrics(arm.name, ev.before, ev.after, speculative=arm.spec is not None))
+        result.ok = True
+    except Exception as exc:  # the arm fails; the diagnosis goes on with the other arms
+        result.error = f"{type(exc).__name__}: {exc}"
+        ev.bench = ev.bench or getattr(exc, "result", None)
+        print(f"[{arm.name}] FAILED: {result.error}")
+    finally:
+        if server is not None:
+            try:
+                teardown(server)
+            except Exception as exc:
+                result.ok, result.error = False, f"{result.error}\nteardown: {exc}".strip()
+        log_text = executor.read_tail(ev.log_path, 1 << 20) if ev.log_path else ""
+        ev.engine_version = vllm.parse_engine_version(log_text) or ""
+        if ev.before:
+            ev.metrics.update(log_crosscheck(executor, ev.log_path, ev.before))
+        if ev.bench:
+            ev.metrics.update(ev.bench.summary())
+        ev.metrics["arm_wall_s"] = time.monotonic() - start
+        ev.metrics["overhead_s"] = ev.metrics["arm_wall_s"] - ev.metrics.get("server_ready_s", 0.0) \
+            - ev.metrics.get("bench_s", 0.0)
+        result.metrics = ev.metrics
+        record_arm(tracker, result, params, ev)
+    return result

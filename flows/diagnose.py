@@ -1,0 +1,76 @@
+"""specdiag: why is speculative decoding disappointing? One controlled, tracked experiment per arm."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python flows/diagnose.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# The ephemeral Prefect server migrates its database on first start: slow on 2 cores.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+from prefect import flow  # noqa: E402
+
+from flows.arm import run_arm
+from infra.arms import plan_arms, run_dir, validate_local_inputs
+from infra.config import SpecdiagError, load_profile
+from infra.tracking import Tracker
+from tasks.bench import load_prompts
+from tasks.compare import compare
+from tasks.record import ArmResult
+
+
+def prepare(profile: str = "demo", overrides: dict | None = None, sets: list[str] | None = None):
+    """Everything that can be checked before a server starts: bad input fails here, in seconds."""
+    cfg = load_profile(profile, overrides, sets)
+    arms = plan_arms(cfg)
+    validate_local_inputs(cfg, arms)
+    prompts = load_prompts(cfg.bench.prompts, cfg.bench.warmup + cfg.bench.num_prompts)
+    return cfg, arms, prompts
+
+
+@flow(name="diagnose", log_prints=True)
+def diagnose(profile: str = "demo", drafter: str | None = None, control: str | None = None,
+             arms: list[str] | None = None, sets: list[str] | None = None) -> list[ArmResult]:
+    cfg, plan, prompts = prepare(profile, {"drafter": drafter, "control": control, "arms": arms}, sets)
+    tracker = Tracker()
+    experiment = tracker.experiment(cfg.name)
+    parent = tracker.start(experiment, f"{cfg.drafter} vs {cfg.control or 'no control'}",
+                           {"specdiag.kind": "diagnosis", "specdiag.drafter": cfg.drafter or "none"})
+    tracker.params(parent, {"profile": cfg.name, "arms": ",".join(a.name for a in plan),
+                            "profile_json": cfg.model_dump_json()})
+    workdir = run_dir(cfg, parent)
+    results = [run_arm(cfg, arm, tracker.uri, experiment, parent, str(workdir), prompts) for arm in plan]
+    table = compare(tracker, parent, results)
+    tracker.finish(parent, ok=True)
+    print("\n" + table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    for r in results:
+        if not r.ok:
+            print(f"arm {r.arm} FAILED: {r.error.splitlines()[0]}")
+    print(f"\nMLflow: {tracker.run_url(experiment, parent)}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    from infra.cli import overrides, parser
+
+    args = parser().parse_args(argv)
+    if args.serve:
+        diagnose.serve(name="diagnose")
+        return 0
+    over = overrides(args)
+    try:
+        cfg, _, _ = prepare(args.profile, over, args.sets)  # fail fast, before Prefect starts
+    except SpecdiagError as exc:
+        print(f"specdiag: error: {exc}", file=sys.stderr)
+        return 2
+    sets = args.sets + [f"{k}={v}" for k, v in over.items() if v is not None and "." in k]
+    results = diagnose(args.profile, cfg.drafter, cfg.control, cfg.arms, sets)
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Command-line flags for flows/diagnose.py: parse only; the flow does the work."""
+from __future__ import annotations
+
+import argparse
+
+from infra.config import known_profiles
+
+EPILOG = """examples:
+  python flows/diagnose.py --profile demo --drafter smol-permuted --control smol-self
+  python flows/diagnose.py --profile kimi-k25 --drafter aqmedai
+  python flows/diagnose.py --drafter /path/to/eagle3-checkpoint --arms ngram --prompts 16
+  python flows/diagnose.py --set bench.concurrency=4 --set target.port=8020
+
+Each arm is an MLflow child run under one parent run per diagnosis; see them with
+  mlflow ui --backend-store-uri sqlite:///mlflow.db"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="diagnose", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run a controlled speculative-decoding diagnosis: a no-spec baseline, the candidate "
+                    "drafter, a known-good control and any extra arms, each on a fresh server with the "
+                    "same target, prompts and server arguments; compare them.")
+    p.add_argument("--profile", default="demo", help=f"profile name ({', '.join(known_profiles())}) or YAML path")
+    p.add_argument("--drafter", help="candidate drafter: a registry name from the profile or a checkpoint folder")
+    p.add_argument("--control", help="known-good control drafter (registry name or checkpoint folder)")
+    p.add_argument("--no-control", action="store_true", help="run without a control arm")
+    p.add_argument("--arms", nargs="*", default=None, metavar="DRAFTER", help="extra arms after the control")
+    p.add_argument("--prompts", type=int, metavar="N", help="number of measured prompts per arm")
+    p.add_argument("--max-tokens", type=int, metavar="N", help="max output tokens per request")
+    p.add_argument("--concurrency", type=int, metavar="N", help="concurrent streams (default 1)")
+    p.add_argument("--port", type=int, help="server port")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any profile field, e.g. --set bench.temperature=0.7 (repeatable)")
+    p.add_argument("--serve", action="store_true", help="serve the flow as the Prefect deployment 'diagnose'")
+    return p
+
+
+def overrides(args: argparse.Namespace) -> dict:
+    """CLI flags as dotted profile keys; None means 'keep the profile's value'."""
+    out = {"drafter": args.drafter, "control": args.control, "arms": args.arms,
+           "bench.num_prompts": args.prompts, "bench.max_tokens": args.max_tokens,
+           "bench.concurrency": args.concurrency, "target.port": args.port}
+    if args.no_control:
+        out["control"] = ""
+    return out

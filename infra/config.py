@@ -1,0 +1,154 @@
+"""Typed experiment configuration: YAML profiles under infra/profiles, overridden from the CLI.
+
+Precedence, stated once: CLI flags (and --set key=value) > the YAML profile > the defaults below.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PROFILES_DIR = Path(__file__).parent / "profiles"
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+# Methods the vLLM speculative config accepts; the ones after "ngram" need a drafter checkpoint.
+SPEC_METHODS_WITHOUT_MODEL = ("ngram", "suffix", "mtp")
+SPEC_METHODS_WITH_MODEL = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator")
+
+
+class SpecdiagError(Exception):
+    """A user-facing error: printed as one message naming the fix, never as a traceback."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DrafterConfig(_Strict):
+    """One speculative config: what goes into vLLM's --speculative-config."""
+
+    method: str
+    model: str | None = None
+    num_speculative_tokens: int = Field(default=4, ge=1, le=32)
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> "DrafterConfig":
+        known = SPEC_METHODS_WITHOUT_MODEL + SPEC_METHODS_WITH_MODEL
+        if self.method not in known:
+            raise ValueError(f"unknown speculative method {self.method!r}; known: {', '.join(known)}")
+        if self.method in SPEC_METHODS_WITH_MODEL and not self.model:
+            raise ValueError(f"method {self.method!r} needs a drafter checkpoint in 'model'")
+        clash = {"method", "model", "num_speculative_tokens"} & set(self.extra)
+        if clash:
+            raise ValueError(f"'extra' must not repeat {sorted(clash)}: set them as fields")
+        return self
+
+    def speculative_config(self, model_path: str | None) -> dict[str, Any]:
+        cfg: dict[str, Any] = {"method": self.method}
+        if model_path:
+            cfg["model"] = model_path
+        cfg["num_speculative_tokens"] = self.num_speculative_tokens
+        cfg.update(self.extra)
+        return cfg
+
+
+class TargetConfig(_Strict):
+    model: str  # a path, or "embedded:<name>" for a model the project builds itself
+    served_model_name: str | None = None
+    args: list[str] = Field(default_factory=list)  # extra server arguments, identical for every arm
+    port: int = Field(default=8011, ge=1024, le=65535)
+
+
+class EngineConfig(_Strict):
+    kind: Literal["vllm"] = "vllm"
+    python: str | None = None  # interpreter with vLLM; None = the embedded vLLM CPU virtualenv
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class HostConfig(_Strict):
+    name: str = "local"
+    kind: Literal["local"] = "local"
+    workdir: str = "runs"  # server logs, relative to the project root when not absolute
+    gpu_memory_free_mib: int = 1024  # cleanup counts a GPU as free under this much used memory
+
+
+class BenchConfig(_Strict):
+    prompts: str = "chat"  # a shipped set (infra/prompts/<name>.jsonl) or a JSONL path
+    num_prompts: int = Field(default=6, ge=1)
+    warmup: int = Field(default=1, ge=0)
+    max_tokens: int = Field(default=48, ge=1)
+    temperature: float = Field(default=0.0, ge=0.0)
+    concurrency: int = Field(default=1, ge=1)
+    endpoint: Literal["chat", "completions"] = "chat"
+    request_timeout_s: float = Field(default=300.0, gt=0)
+
+
+class Profile(_Strict):
+    name: str
+    target: TargetConfig
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    host: HostConfig = Field(default_factory=HostConfig)
+    bench: BenchConfig = Field(default_factory=BenchConfig)
+    drafters: dict[str, DrafterConfig]
+    drafter: str | None = None  # the candidate
+    control: str | None = None  # the known-good control
+    arms: list[str] = Field(default_factory=list)  # extra arms after candidate and control
+    health_timeout_s: float = Field(default=300.0, gt=0)
+
+
+def known_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def _set_dotted(data: dict, dotted: str, raw: str) -> None:
+    keys = dotted.split(".")
+    node = data
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise SpecdiagError(f"--set {dotted}: {key!r} is not a section")
+    try:
+        node[keys[-1]] = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise SpecdiagError(f"--set {dotted}={raw}: value is not valid YAML ({exc})") from None
+
+
+def _format_validation(name: str, exc: ValidationError) -> str:
+    lines = [f"profile {name!r} is invalid:"]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"  {where}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None,
+                 sets: list[str] | None = None) -> Profile:
+    """Load a profile by name (infra/profiles) or YAML path, apply CLI overrides, validate."""
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") and path.exists()):
+        path = PROFILES_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise SpecdiagError(
+            f"unknown profile {name_or_path!r}; known profiles: {', '.join(known_profiles())} "
+            f"(or pass the path of a YAML file)")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise SpecdiagError(f"profile {path} is not valid YAML: {exc}") from None
+    data.setdefault("name", path.stem)
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            _set_dotted(data, key, json.dumps(value))
+    for item in sets or []:
+        if "=" not in item:
+            raise SpecdiagError(f"--set {item!r}: expected KEY=VALUE, e.g. bench.max_tokens=64")
+        key, raw = item.split("=", 1)
+        _set_dotted(data, key.strip(), raw)
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        raise SpecdiagError(_format_validation(data.get("name", str(path)), exc)) from None

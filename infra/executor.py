@@ -1,0 +1,148 @@
+"""Where commands run. One small protocol; LocalExecutor now, an SSH executor behind the same calls later."""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Completed:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@dataclass(frozen=True)
+class Launched:
+    pid: int
+    pgid: int
+    log_path: str
+    command: str  # the exact command, env prefix included, as a shell would take it
+
+
+class Executor(Protocol):
+    host: str
+
+    def run(self, argv: list[str], timeout_s: float) -> Completed: ...
+    def which(self, program: str) -> str | None: ...
+    def launch(self, argv: list[str], env: dict[str, str], log_path: str) -> Launched: ...
+    def is_alive(self, pid: int) -> bool: ...
+    def group_pids(self, pgid: int) -> list[int]: ...
+    def stop_group(self, pgid: int, grace_s: float = 15.0) -> list[int]: ...
+    def read_tail(self, path: str, max_bytes: int = 16_384) -> str: ...
+    def read_from(self, path: str, offset: int) -> tuple[str, int]: ...
+    def fetch(self, path: str, dest: Path) -> Path: ...
+    def port_free(self, port: int) -> bool: ...
+    def base_url(self, port: int) -> str: ...
+
+
+def shell_command(argv: list[str], env: dict[str, str]) -> str:
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    return (prefix + " " if prefix else "") + shlex.join(argv)
+
+
+class LocalExecutor:
+    host = "local"
+
+    def run(self, argv: list[str], timeout_s: float) -> Completed:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        return Completed(proc.returncode, proc.stdout, proc.stderr)
+
+    def which(self, program: str) -> str | None:
+        return shutil.which(program)
+
+    def launch(self, argv: list[str], env: dict[str, str], log_path: str) -> Launched:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            # A new session makes the server the leader of its own process group, so teardown can
+            # stop it and every worker it forked in one signal, and Ctrl-C on us does not reach it.
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, **env}, start_new_session=True)
+        return Launched(proc.pid, proc.pid, log_path, shell_command(argv, env))
+
+    def is_alive(self, pid: int) -> bool:
+        try:
+            # Reap it if it is our exited child, so a zombie does not count as alive.
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return False
+        return state not in ("Z", "X")
+
+    def group_pids(self, pgid: int) -> list[int]:
+        pids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                pids.append(int(stat.parent.name))
+        return sorted(pids)
+
+    def stop_group(self, pgid: int, grace_s: float = 15.0) -> list[int]:
+        """SIGTERM the group, SIGKILL what is left after grace_s; return the PIDs still alive (none)."""
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                self.is_alive(pgid)  # reaps the leader when it is our child
+                if not self.group_pids(pgid):
+                    return []
+                time.sleep(0.2)
+        return self.group_pids(pgid)
+
+    def read_tail(self, path: str, max_bytes: int = 16_384) -> str:
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - max_bytes))
+                return f.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+
+    def read_from(self, path: str, offset: int) -> tuple[str, int]:
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except FileNotFoundError:
+            return "", offset
+        return data.decode("utf-8", "replace"), offset + len(data)
+
+    def fetch(self, path: str, dest: Path) -> Path:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest)
+        return dest
+
+    def port_free(self, port: int) -> bool:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+        return True
+
+    def base_url(self, port: int) -> str:
+        return f"http://127.0.0.1:{port}"
+
+
+def executor_for(host_kind: str) -> Executor:
+    if host_kind == "local":
+        return LocalExecutor()
+    raise ValueError(f"no executor for host kind {host_kind!r}")

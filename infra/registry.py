@@ -1,0 +1,45 @@
+"""Servers this tool launched on this machine, so a later cleanup can stop stale ones and only those."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from infra.embedded import cache_dir
+
+
+def _dir():
+    path = cache_dir() / "servers"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def remember(pid: int, pgid: int, arm: str, host: str, command: str) -> None:
+    (_dir() / f"{host}-{pid}.json").write_text(json.dumps(
+        {"pid": pid, "pgid": pgid, "arm": arm, "host": host, "command": command, "started": time.time(),
+         "owner_pid": os.getpid()}))
+
+
+def forget(pid: int, host: str = "local") -> None:
+    (_dir() / f"{host}-{pid}.json").unlink(missing_ok=True)
+
+
+def launched(host: str = "local") -> list[dict]:
+    out = []
+    for f in sorted(_dir().glob(f"{host}-*.json")):
+        try:
+            out.append(json.loads(f.read_text()))
+        except (json.JSONDecodeError, OSError):
+            f.unlink(missing_ok=True)
+    return out
+
+
+def owner_alive(entry: dict) -> bool:
+    """A server is stale once the specdiag process that launched it is gone (crashed, killed, Ctrl-C)."""
+    try:
+        os.kill(entry.get("owner_pid", -1), 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:
+        return True
+    return True

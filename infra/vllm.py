@@ -1,0 +1,131 @@
+"""The vLLM engine adapter: the server command, and how to read its /metrics and its log."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+SPEC_PREFIX = "vllm:spec_decode_"
+FATAL_LOG_PATTERNS = (
+    "Engine core initialization failed",
+    "EngineCore failed to start",
+    "RuntimeError: Engine",
+    "Address already in use",
+)
+
+
+def server_argv(python: str, model: str, port: int, args: list[str],
+                speculative_config: dict | None, served_model_name: str | None) -> list[str]:
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+            "--host", "127.0.0.1", "--port", str(port)]
+    if served_model_name:
+        argv += ["--served-model-name", served_model_name]
+    argv += list(args)
+    if speculative_config is not None:
+        argv += ["--speculative-config", json.dumps(speculative_config, sort_keys=True)]
+    return argv
+
+
+def server_env(env: dict[str, str]) -> dict[str, str]:
+    """Engine environment; 'auto' for the CPU thread binding means every core this process may use."""
+    out = dict(env)
+    if out.get("VLLM_CPU_OMP_THREADS_BIND") == "auto":
+        cores = sorted(os.sched_getaffinity(0))
+        out["VLLM_CPU_OMP_THREADS_BIND"] = f"{cores[0]}-{cores[-1]}" if len(cores) > 1 else str(cores[0])
+    out.setdefault("VLLM_LOG_STATS_INTERVAL", "1")  # fine-grained log cross-check
+    return out
+
+
+@dataclass
+class SpecCounters:
+    """Cumulative spec-decode counters from one /metrics scrape, summed over engines."""
+
+    present: bool = False
+    num_drafts: float = 0.0
+    num_draft_tokens: float = 0.0
+    num_accepted_tokens: float = 0.0
+    accepted_per_pos: dict[int, float] = field(default_factory=dict)
+    generation_tokens: float = 0.0
+
+    def __sub__(self, before: "SpecCounters") -> "SpecCounters":
+        return SpecCounters(
+            present=self.present,
+            num_drafts=self.num_drafts - before.num_drafts,
+            num_draft_tokens=self.num_draft_tokens - before.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens - before.num_accepted_tokens,
+            accepted_per_pos={p: v - before.accepted_per_pos.get(p, 0.0)
+                              for p, v in self.accepted_per_pos.items()},
+            generation_tokens=self.generation_tokens - before.generation_tokens,
+        )
+
+    def rates(self) -> dict[str, float]:
+        """acceptance_rate, mean_acceptance_length and acceptance_rate_pos_<i> (FIELD_NOTES' formulas)."""
+        out = {"num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
+               "num_accepted_tokens": self.num_accepted_tokens}
+        if self.num_draft_tokens > 0:
+            out["acceptance_rate"] = self.num_accepted_tokens / self.num_draft_tokens
+        if self.num_drafts > 0:
+            out["mean_acceptance_length"] = 1.0 + self.num_accepted_tokens / self.num_drafts
+            for pos, acc in sorted(self.accepted_per_pos.items()):
+                out[f"acceptance_rate_pos_{pos}"] = acc / self.num_drafts
+        return out
+
+
+def parse_metrics(text: str) -> SpecCounters:
+    counters = SpecCounters()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name
+            if not name.endswith("_total"):
+                continue  # skips the _created series
+            if name == "vllm:generation_tokens_total":
+                counters.generation_tokens += sample.value
+            if not name.startswith(SPEC_PREFIX):
+                continue
+            counters.present = True
+            key = name[len(SPEC_PREFIX):-len("_total")]
+            if key == "num_accepted_tokens_per_pos":
+                pos = int(sample.labels["position"])
+                counters.accepted_per_pos[pos] = counters.accepted_per_pos.get(pos, 0.0) + sample.value
+            elif key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+                setattr(counters, key, getattr(counters, key) + sample.value)
+    return counters
+
+
+_SPEC_LOG = re.compile(r"SpecDecoding metrics: .*?Accepted: (\d+) tokens, Drafted: (\d+) tokens")
+_VERSION_LOG = re.compile(r"(?:vLLM API server version |Initializing a V1 LLM engine \(v)([\w.+-]+?)\)?[\s,]")
+_AUX_LOG = re.compile(r"Using auxiliary layers from speculative config: \(([\d, ]+)\)")
+
+
+def parse_log_spec_lines(text: str) -> dict[str, float]:
+    """Sum the per-interval 'SpecDecoding metrics' log lines: the engine's own cross-check."""
+    accepted = drafted = lines = 0
+    for match in _SPEC_LOG.finditer(text):
+        accepted += int(match.group(1))
+        drafted += int(match.group(2))
+        lines += 1
+    out = {"log_spec_lines": float(lines), "log_accepted_tokens": float(accepted),
+           "log_draft_tokens": float(drafted)}
+    if drafted:
+        out["log_acceptance_rate"] = accepted / drafted
+    return out
+
+
+def parse_engine_version(log_text: str) -> str | None:
+    match = _VERSION_LOG.search(log_text)
+    return match.group(1) if match else None
+
+
+def parse_aux_layers(log_text: str) -> list[int] | None:
+    match = _AUX_LOG.search(log_text)
+    return [int(x) for x in match.group(1).split(",") if x.strip()] if match else None
+
+
+def fatal_line(log_text: str) -> str | None:
+    for line in log_text.splitlines():
+        if any(p in line for p in FATAL_LOG_PATTERNS):
+            return line.strip()
+    return None

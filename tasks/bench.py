@@ -1,0 +1,172 @@
+"""Benchmark one arm: streaming requests over httpx, per-request TTFT/TPOT/ITL/e2e and exact token counts.
+
+The same prompt list for every arm; warmup requests run first and are excluded from the measured window.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from infra.config import BenchConfig, SpecdiagError
+
+PROMPTS_DIR = Path(__file__).resolve().parents[1] / "infra" / "prompts"
+
+
+@dataclass
+class RequestRecord:
+    index: int
+    ok: bool = False
+    error: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_ms: float = float("nan")
+    tpot_ms: float = float("nan")
+    e2e_ms: float = float("nan")
+    itl_ms: list[float] = field(default_factory=list)
+
+
+@dataclass
+class BenchResult:
+    records: list[RequestRecord]
+    duration_s: float
+
+    def frame(self) -> pd.DataFrame:
+        rows = [{**asdict(r), "itl_ms": json.dumps([round(x, 3) for x in r.itl_ms])} for r in self.records]
+        return pd.DataFrame(rows)
+
+    def summary(self) -> dict[str, float]:
+        ok = [r for r in self.records if r.ok]
+        tokens = sum(r.completion_tokens for r in ok)
+        out = {"requests_ok": float(len(ok)), "requests_failed": float(len(self.records) - len(ok)),
+               "output_tokens": float(tokens), "bench_duration_s": self.duration_s,
+               "output_tok_s": tokens / self.duration_s if self.duration_s > 0 else 0.0}
+        for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            values = np.array([getattr(r, name) for r in ok], dtype=float)
+            values = values[~np.isnan(values)]
+            if values.size:
+                out[f"{name}_p50"] = float(np.percentile(values, 50))
+                out[f"{name}_p99"] = float(np.percentile(values, 99))
+        itl = np.array([x for r in ok for x in r.itl_ms], dtype=float)
+        if itl.size:
+            out["itl_ms_p50"] = float(np.percentile(itl, 50))
+            out["itl_ms_p99"] = float(np.percentile(itl, 99))
+        return out
+
+
+def load_prompts(spec: str, count: int) -> list[str]:
+    """A shipped set name (infra/prompts/<name>.jsonl) or a JSONL path with {"prompt": ...} per line."""
+    path = Path(spec) if spec.endswith(".jsonl") else PROMPTS_DIR / f"{spec}.jsonl"
+    if not path.exists():
+        shipped = ", ".join(sorted(p.stem for p in PROMPTS_DIR.glob("*.jsonl")))
+        raise SpecdiagError(f"prompt set {spec!r} not found; shipped sets: {shipped} (or a .jsonl path)")
+    prompts = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            prompts.append(str(json.loads(line)["prompt"]))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise SpecdiagError(f"{path}:{n}: expected a JSON object with a 'prompt' key") from None
+    if not prompts:
+        raise SpecdiagError(f"{path} holds no prompts")
+    return [prompts[i % len(prompts)] for i in range(count)]
+
+
+def _payload(cfg: BenchConfig, model: str, prompt: str, max_tokens: int) -> tuple[str, dict]:
+    body = {"model": model, "max_tokens": max_tokens, "temperature": cfg.temperature, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if cfg.endpoint == "chat":
+        return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": prompt}]}
+    return "/v1/completions", {**body, "prompt": prompt}
+
+
+def _text_of(choice: dict) -> str:
+    return (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+
+
+async def _one(client: httpx.AsyncClient, url: str, body: dict, record: RequestRecord) -> RequestRecord:
+    start = time.perf_counter()
+    last = None
+    try:
+        async with client.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                record.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode()[:300]}"
+                return record
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                now = time.perf_counter()
+                if any(_text_of(c) for c in chunk.get("choices") or []):
+                    if last is None:
+                        record.ttft_ms = (now - start) * 1000
+                    else:
+                        record.itl_ms.append((now - last) * 1000)
+                    last = now
+                if chunk.get("usage"):
+                    record.prompt_tokens = chunk["usage"]["prompt_tokens"]
+                    record.completion_tokens = chunk["usage"]["completion_tokens"]
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+        return record
+    record.e2e_ms = (time.perf_counter() - start) * 1000
+    if record.completion_tokens > 1 and not np.isnan(record.ttft_ms):
+        record.tpot_ms = (record.e2e_ms - record.ttft_ms) / (record.completion_tokens - 1)
+    record.ok = record.completion_tokens > 0
+    if not record.ok and not record.error:
+        record.error = "no usage in the stream"
+    return record
+
+
+async def _run(base_url: str, cfg: BenchConfig, model: str, prompts: list[str], max_tokens: int) -> BenchResult:
+    limits = httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency)
+    timeout = httpx.Timeout(cfg.request_timeout_s, connect=10.0)
+    sem = asyncio.Semaphore(cfg.concurrency)
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
+        async def bounded(i: int, prompt: str) -> RequestRecord:
+            async with sem:
+                url, body = _payload(cfg, model, prompt, max_tokens)
+                return await _one(client, url, body, RequestRecord(i))
+
+        start = time.perf_counter()
+        records = await asyncio.gather(*(bounded(i, p) for i, p in enumerate(prompts)))
+        return BenchResult(list(records), time.perf_counter() - start)
+
+
+def served_model(base_url: str) -> str:
+    resp = httpx.get(f"{base_url}/v1/models", timeout=10.0)
+    resp.raise_for_status()
+    return resp.json()["data"][0]["id"]
+
+
+@task(name="warmup", cache_policy=NO_CACHE)
+def warmup(base_url: str, cfg: BenchConfig, prompts: list[str]) -> None:
+    if cfg.warmup:
+        asyncio.run(_run(base_url, cfg, served_model(base_url), prompts[:cfg.warmup], min(cfg.max_tokens, 8)))
+
+
+@task(name="benchmark", cache_policy=NO_CACHE)
+def benchmark(base_url: str, cfg: BenchConfig, prompts: list[str]) -> BenchResult:
+    result = asyncio.run(_run(base_url, cfg, served_model(base_url), prompts, cfg.max_tokens))
+    failed = [r for r in result.records if not r.ok]
+    if failed:
+        raise BenchmarkFailed(result, f"{len(failed)} of {len(result.records)} requests failed; "
+                                      f"first: {failed[0].error}")
+    return result
+
+
+class BenchmarkFailed(RuntimeError):
+    """Carries what was measured, so the arm's run still records it."""
+
+    def __init__(self, result: BenchResult, message: str):
+        super().__init__(message)
+        self.result = result

@@ -1,0 +1,53 @@
+"""Write one arm into its MLflow child run: params, metrics, artifacts, status. Nothing measured is lost."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from infra.tracking import Tracker
+from tasks.bench import BenchResult
+from tasks.scrape import Snapshot
+
+
+@dataclass
+class ArmResult:
+    arm: str
+    role: str
+    run_id: str
+    ok: bool = False
+    error: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ArmEvidence:
+    """Whatever an arm measured before it ended, well or not."""
+
+    server_cmd: str = ""
+    log_path: str = ""
+    engine_version: str = ""
+    bench: BenchResult | None = None
+    before: Snapshot | None = None
+    after: Snapshot | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@task(name="record-arm", cache_policy=NO_CACHE)
+def record_arm(tracker: Tracker, result: ArmResult, params: dict[str, str], ev: ArmEvidence) -> None:
+    run = result.run_id
+    tracker.params(run, {**params, "server_cmd": ev.server_cmd or "not launched",
+                         "engine_version": ev.engine_version or "unknown"})
+    tracker.metrics(run, result.metrics)
+    tracker.file(run, ev.log_path)
+    if ev.bench:
+        tracker.table(run, ev.bench.frame(), "requests.csv")
+    if ev.before:
+        tracker.text(run, ev.before.metrics_text, "metrics_before.txt")
+    if ev.after:
+        tracker.text(run, ev.after.metrics_text, "metrics_after.txt")
+    if result.error:
+        tracker.text(run, result.error, "error.txt")
+        tracker.tag(run, "specdiag.error", result.error.splitlines()[0][:500])
+    tracker.finish(run, result.ok)

@@ -1,0 +1,46 @@
+"""Read the engine's spec-decode counters around the measured window, and the log's own summary lines."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from infra import vllm
+from infra.executor import Executor
+from tasks.launch import Server
+
+
+class SpecDecodingOff(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    metrics_text: str
+    counters: vllm.SpecCounters
+    log_offset: int  # where the server log stood at this scrape
+
+
+@task(name="scrape-metrics", cache_policy=NO_CACHE)
+def scrape(server: Server) -> Snapshot:
+    resp = httpx.get(f"{server.base_url}/metrics", timeout=10.0)
+    resp.raise_for_status()
+    _, offset = server.executor.read_from(server.process.log_path, 0)
+    return Snapshot(resp.text, vllm.parse_metrics(resp.text), offset)
+
+
+def counter_metrics(arm: str, before: Snapshot, after: Snapshot, speculative: bool) -> dict[str, float]:
+    """Spec-decode counter deltas over the measured window; refuses to report a silent 0%."""
+    if speculative and not after.counters.present:
+        raise SpecDecodingOff(
+            f"[{arm}] a drafter was configured but /metrics has no vllm:spec_decode_* series: "
+            f"speculative decoding is OFF on this server (check the speculative config and the server log)")
+    return (after.counters - before.counters).rates() if after.counters.present else {}
+
+
+def log_crosscheck(executor: Executor, log_path: str, before: Snapshot) -> dict[str, float]:
+    """The engine's own 'SpecDecoding metrics' lines since the window opened (read after teardown)."""
+    window, _ = executor.read_from(log_path, before.log_offset)
+    return vllm.parse_log_spec_lines(window)
