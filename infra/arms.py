@@ -106,6 +106,11 @@ def validate_local_inputs(profile: Profile, arms: list[Arm]) -> None:
     for arm in arms:
         if arm.spec and arm.spec.model and not arm.spec.model.startswith("embedded:"):
             _check_local_path(arm.spec.model, f"drafter {arm.name!r}")
+    from infra.executor import LocalExecutor
+
+    if not LocalExecutor().port_free(profile.target.port):
+        raise SpecdiagError(f"port {profile.target.port} is already in use on this machine: stop what holds it "
+                            f"(`fuser {profile.target.port}/tcp` shows it) or pick another with --port")
     if profile.engine.python and "/" in profile.engine.python and not Path(profile.engine.python).exists():
         raise SpecdiagError(f"engine.python {profile.engine.python} does not exist")
 

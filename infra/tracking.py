@@ -33,8 +33,8 @@ class Tracker:
         if found:
             return found.experiment_id
         location = None
-        if self.uri.startswith("sqlite:"):
-            location = (PROJECT_ROOT / "mlruns").as_uri()
+        if self.uri.startswith("sqlite:///"):  # artifacts in mlruns/ beside the database
+            location = (Path(self.uri[len("sqlite:///"):]).parent / "mlruns").as_uri()
         return self.client.create_experiment(name, artifact_location=location)
 
     def start(self, experiment_id: str, name: str, tags: dict[str, str], parent: str | None = None) -> str:

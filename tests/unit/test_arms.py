@@ -1,0 +1,79 @@
+import json
+import socket
+
+import pytest
+
+from infra.arms import infer_method, plan_arms, plan_server, resolve_arm, validate_local_inputs
+from infra.config import SpecdiagError, load_profile
+
+
+def _checkpoint(path, config):
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def test_arms_run_in_order_baseline_candidate_control_extras():
+    p = load_profile("demo", {"arms": ["ngram", "smol-noisy"]})
+    arms = plan_arms(p)
+    assert [(a.name, a.role) for a in arms] == [
+        ("baseline", "baseline"), ("smol-permuted", "candidate"), ("smol-self", "control"),
+        ("ngram", "extra"), ("smol-noisy", "extra")]
+    assert arms[0].spec is None and arms[0].drafter is None
+
+
+def test_unknown_drafter_lists_known_ones():
+    with pytest.raises(SpecdiagError, match="known drafters in profile 'demo': ngram, smol-noisy"):
+        plan_arms(load_profile("demo", {"drafter": "aqmedai"}))
+
+
+def test_duplicate_arms_are_refused():
+    with pytest.raises(SpecdiagError, match="appear twice"):
+        plan_arms(load_profile("demo", {"arms": ["smol-self"]}))
+
+
+def test_checkpoint_path_infers_method_and_names_arm_after_folder(tmp_path):
+    eagle = _checkpoint(tmp_path / "my-eagle", {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 32000})
+    lm = _checkpoint(tmp_path / "small-lm", {"architectures": ["LlamaForCausalLM"]})
+    spec_fmt = _checkpoint(tmp_path / "spec", {"speculators_config": {"algorithm": "eagle3"}})
+    p = load_profile("demo")
+    arm = resolve_arm(p, str(eagle), "candidate")
+    assert (arm.name, arm.spec.method, arm.spec.model) == ("my-eagle", "eagle3", str(eagle))
+    assert resolve_arm(p, str(lm), "control").spec.method == "draft_model"
+    assert infer_method(spec_fmt) == "eagle3"
+    with pytest.raises(SpecdiagError, match="no config.json"):
+        infer_method(tmp_path)
+    with pytest.raises(SpecdiagError, match="cannot tell the drafter type"):
+        infer_method(_checkpoint(tmp_path / "odd", {"architectures": ["BertModel"]}))
+
+
+def test_missing_drafter_path_is_refused(tmp_path):
+    with pytest.raises(SpecdiagError, match="does not exist"):
+        resolve_arm(load_profile("demo"), str(tmp_path / "gone"), "candidate")
+    p = load_profile("demo", sets=[f"drafters.x={{method: eagle3, model: {tmp_path / 'gone'}}}", "drafter=x"])
+    with pytest.raises(SpecdiagError, match="drafter 'x' path .* does not exist"):
+        validate_local_inputs(p, plan_arms(p))
+
+
+def test_port_in_use_is_refused_before_launch():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        p = load_profile("demo", {"target.port": s.getsockname()[1]})
+        with pytest.raises(SpecdiagError, match="already in use"):
+            validate_local_inputs(p, plan_arms(p))
+
+
+def test_kimi_server_command_is_the_seed_command(tmp_path):
+    p = load_profile("kimi-k25")
+    arm = plan_arms(p)[1]
+    plan = plan_server(p, arm, tmp_path)
+    argv = plan.argv
+    assert argv[0] == "python3" and argv[argv.index("--model") + 1] == "moonshotai/Kimi-K2.5"
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "8"
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec == {"method": "eagle3", "model": "/data/eagle3/aq-medai-k2-drafter", "num_speculative_tokens": 5}
+    assert plan.params["spec_method"] == "eagle3" and plan.params["num_speculative_tokens"] == "5"
+    assert plan.log_path == str(tmp_path / "aqmedai.server.log")
+    baseline = plan_server(p, plan_arms(p)[0], tmp_path)
+    assert "--speculative-config" not in baseline.argv and baseline.params["spec_method"] == "none"

@@ -1,0 +1,49 @@
+import json
+
+import pytest
+
+from infra.config import SpecdiagError
+from tasks.bench import BenchResult, RequestRecord, load_prompts
+from tasks.compare import comparison_table
+from tasks.record import ArmResult
+
+
+def _rec(i, ttft, tpot, e2e, toks, itl=(), ok=True):
+    return RequestRecord(i, ok=ok, completion_tokens=toks, prompt_tokens=5, ttft_ms=ttft, tpot_ms=tpot,
+                         e2e_ms=e2e, itl_ms=list(itl))
+
+
+def test_summary_counts_only_successful_requests_and_uses_numpy_percentiles():
+    recs = [_rec(0, 100, 10, 500, 40, [9, 11]), _rec(1, 300, 30, 900, 20, [29, 31]),
+            _rec(2, float("nan"), float("nan"), float("nan"), 0, ok=False)]
+    s = BenchResult(recs, duration_s=2.0).summary()
+    assert s["output_tokens"] == 60 and s["output_tok_s"] == 30.0
+    assert s["requests_ok"] == 2 and s["requests_failed"] == 1
+    assert s["ttft_ms_p50"] == 200 and s["ttft_ms_p99"] == pytest.approx(298)
+    assert s["itl_ms_p50"] == 20
+
+
+def test_frame_has_one_row_per_request_with_itl_list():
+    frame = BenchResult([_rec(0, 1, 2, 3, 4, [1.5])], 1.0).frame()
+    assert list(frame["completion_tokens"]) == [4] and json.loads(frame["itl_ms"][0]) == [1.5]
+
+
+def test_prompts_cycle_and_bad_sets_are_clear(tmp_path):
+    prompts = load_prompts("chat", 20)
+    assert len(prompts) == 20 and prompts[16] == prompts[0] and len(set(prompts)) == 16
+    with pytest.raises(SpecdiagError, match="shipped sets: chat"):
+        load_prompts("nope", 1)
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"text": "x"}\n')
+    with pytest.raises(SpecdiagError, match="p.jsonl:1"):
+        load_prompts(str(bad), 1)
+
+
+def test_comparison_speedup_is_against_baseline():
+    results = [ArmResult("baseline", "baseline", "r0", True, metrics={"output_tok_s": 10.0}),
+               ArmResult("cand", "candidate", "r1", True, metrics={"output_tok_s": 5.0, "acceptance_rate": 0.02}),
+               ArmResult("ctl", "control", "r2", False, error="boom")]
+    table = comparison_table(results).set_index("arm")
+    assert table.loc["baseline", "speedup_vs_baseline"] == 1.0
+    assert table.loc["cand", "speedup_vs_baseline"] == 0.5
+    assert table.loc["ctl", "status"] == "FAILED"
