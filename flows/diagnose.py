@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as `python flows/diagnose.py`
@@ -35,6 +36,7 @@ def prepare(profile: str = "demo", overrides: dict | None = None, sets: list[str
 @flow(name="diagnose", log_prints=True)
 def diagnose(profile: str = "demo", drafter: str | None = None, control: str | None = None,
              arms: list[str] | None = None, sets: list[str] | None = None) -> list[ArmResult]:
+    start = time.monotonic()
     cfg, plan, prompts = prepare(profile, {"drafter": drafter, "control": control, "arms": arms}, sets)
     tracker = Tracker()
     experiment = tracker.experiment(cfg.name)
@@ -45,8 +47,12 @@ def diagnose(profile: str = "demo", drafter: str | None = None, control: str | N
     workdir = run_dir(cfg, parent)
     results = [run_arm(cfg, arm, tracker.uri, experiment, parent, str(workdir), prompts) for arm in plan]
     table = compare(tracker, parent, results)
+    tracker.metrics(parent, {"diagnosis_wall_s": time.monotonic() - start})
     tracker.finish(parent, ok=True)
     print("\n" + table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"\nwall time {time.monotonic() - start:.0f} s in the flow; per arm: " + ", ".join(
+        f"{r.arm} {r.metrics.get('server_ready_s', 0):.0f} s ready + {r.metrics.get('bench_s', 0):.0f} s bench "
+        f"+ {r.metrics.get('overhead_s', 0):.0f} s other" for r in results))
     for r in results:
         if not r.ok:
             print(f"arm {r.arm} FAILED: {r.error.splitlines()[0]}")

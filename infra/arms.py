@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from infra import embedded, vllm
+from infra.executor import LocalExecutor
 from infra.config import PROJECT_ROOT, DrafterConfig, Profile, SpecdiagError
 
 Role = Literal["baseline", "candidate", "control", "extra"]
@@ -106,13 +107,11 @@ def validate_local_inputs(profile: Profile, arms: list[Arm]) -> None:
     for arm in arms:
         if arm.spec and arm.spec.model and not arm.spec.model.startswith("embedded:"):
             _check_local_path(arm.spec.model, f"drafter {arm.name!r}")
-    from infra.executor import LocalExecutor
-
+    if profile.engine.python and "/" in profile.engine.python and not Path(profile.engine.python).exists():
+        raise SpecdiagError(f"engine.python {profile.engine.python} does not exist")
     if not LocalExecutor().port_free(profile.target.port):
         raise SpecdiagError(f"port {profile.target.port} is already in use on this machine: stop what holds it "
                             f"(`fuser {profile.target.port}/tcp` shows it) or pick another with --port")
-    if profile.engine.python and "/" in profile.engine.python and not Path(profile.engine.python).exists():
-        raise SpecdiagError(f"engine.python {profile.engine.python} does not exist")
 
 
 def run_dir(profile: Profile, diagnosis_id: str) -> Path:

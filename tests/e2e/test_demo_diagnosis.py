@@ -1,0 +1,54 @@
+"""The demo diagnosis on the real vLLM CPU engine: baseline, smol-permuted candidate, smol-self control."""
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flows.diagnose import diagnose
+
+pytestmark = pytest.mark.e2e
+
+ARM_METRICS = {"output_tok_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "server_ready_s",
+               "speedup_vs_baseline", "bench_s", "arm_wall_s", "overhead_s"}
+SPEC_METRICS = {"acceptance_rate", "mean_acceptance_length", "num_drafts", "num_draft_tokens",
+                "num_accepted_tokens", "acceptance_rate_pos_0", "acceptance_rate_pos_3", "log_draft_tokens"}
+
+
+def test_demo_diagnosis_records_every_arm(prefect_server, mlflow_uri, tmp_path, no_servers_left):
+    results = diagnose("demo", "smol-permuted", "smol-self", sets=[f"host.workdir={tmp_path / 'runs'}"])
+    assert [(r.arm, r.ok) for r in results] == [("baseline", True), ("smol-permuted", True), ("smol-self", True)]
+
+    client = MlflowClient(mlflow_uri)
+    exp = client.get_experiment_by_name("demo")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("specdiag.kind") == "diagnosis"]
+    arms = {r.data.tags["specdiag.arm"]: r for r in runs if r.data.tags.get("specdiag.kind") == "arm"}
+    assert len(parents) == 1 and set(arms) == {"baseline", "smol-permuted", "smol-self"}
+    parent = parents[0]
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"comparison.csv", "comparison.md"}
+
+    for name, run in arms.items():
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.info.status == "FINISHED"
+        assert ARM_METRICS <= set(run.data.metrics), name
+        params = run.data.params
+        assert params["engine_version"] == "0.32.0"
+        assert params["server_cmd"].split()[-1] != "" and "vllm.entrypoints.openai.api_server" in params["server_cmd"]
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {f"{name}.server.log", "requests.csv", "metrics_before.txt", "metrics_after.txt"} <= artifacts
+
+    base, bad, good = arms["baseline"], arms["smol-permuted"], arms["smol-self"]
+    assert base.data.tags["specdiag.drafter"] == "none" and base.data.params["spec_method"] == "none"
+    assert "acceptance_rate" not in base.data.metrics
+    assert "--speculative-config" not in base.data.params["server_cmd"]
+    assert base.data.metrics["speedup_vs_baseline"] == 1.0
+    for run in (bad, good):
+        assert SPEC_METRICS <= set(run.data.metrics)
+        assert run.data.params["spec_method"] == "draft_model" and run.data.params["num_speculative_tokens"] == "4"
+        assert "--speculative-config" in run.data.params["server_cmd"]
+        assert run.data.metrics["num_draft_tokens"] >= 40
+    # read from the vLLM counters: the known-good control accepts nearly everything, the vocab fault nothing
+    assert good.data.metrics["acceptance_rate"] > 0.9
+    assert bad.data.metrics["acceptance_rate"] < 0.1
+    assert good.data.metrics["mean_acceptance_length"] > 4.0
+    assert good.data.params["drafter_path"] != bad.data.params["drafter_path"]
+    # the engine's own log lines agree with the counters
+    assert good.data.metrics["log_acceptance_rate"] > 0.9 and bad.data.metrics["log_acceptance_rate"] < 0.1

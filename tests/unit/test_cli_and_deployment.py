@@ -1,0 +1,40 @@
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--drafter", "nope"], "unknown drafter 'nope'"),
+    (["--profile", "nope"], "unknown profile 'nope'"),
+    (["--drafter", "/no/such/ckpt"], "does not exist"),
+    (["--set", "bench.max_tokens=-1"], "bench.max_tokens"),
+])
+def test_bad_input_is_one_clear_line_not_a_traceback(args, message):
+    proc = subprocess.run([sys.executable, "flows/diagnose.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stderr.startswith("specdiag: error:")
+
+
+def test_help_documents_the_flags():
+    out = subprocess.run([sys.executable, "flows/diagnose.py", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120).stdout
+    for flag in ("--profile", "--drafter", "--control", "--arms", "--prompts", "--max-tokens", "--set"):
+        assert flag in out
+
+
+def test_prefect_deployment_points_at_the_diagnose_flow():
+    from prefect.flows import load_flow_from_entrypoint
+
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    (deployment,) = spec["deployments"]
+    flow = load_flow_from_entrypoint(str(ROOT / deployment["entrypoint"]))
+    assert flow.name == "diagnose"
+    assert set(deployment["parameters"]) <= set(inspect.signature(flow.fn).parameters)
