@@ -60,6 +60,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
             ev.metrics.update(log_crosscheck(executor, ev.log_path, ev.before))
         if ev.bench:
             ev.metrics.update(ev.bench.summary())
+            result.request_tok_s = ev.bench.request_tok_s()
         ev.metrics["arm_wall_s"] = time.monotonic() - start
         ev.metrics["overhead_s"] = ev.metrics["arm_wall_s"] - ev.metrics.get("server_ready_s", 0.0) \
             - ev.metrics.get("bench_s", 0.0)

@@ -16,12 +16,14 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 from prefect import flow  # noqa: E402
 
 from flows.arm import run_arm
-from infra.arms import plan_arms, run_dir, validate_local_inputs
+from infra.arms import plan_arms, resolved_drafters, resolved_target, run_dir, validate_local_inputs
 from infra.config import SpecdiagError, load_profile
 from infra.tracking import Tracker
 from tasks.bench import load_prompts
 from tasks.compare import compare
+from tasks.inspect import findings_markdown, inspect_arms
 from tasks.record import ArmResult
+from tasks.verdict import verdict
 
 
 def prepare(profile: str = "demo", overrides: dict | None = None, sets: list[str] | None = None):
@@ -44,9 +46,12 @@ def diagnose(profile: str = "demo", drafter: str | None = None, control: str | N
                            {"specdiag.kind": "diagnosis", "specdiag.drafter": cfg.drafter or "none"})
     tracker.params(parent, {"profile": cfg.name, "arms": ",".join(a.name for a in plan),
                             "profile_json": cfg.model_dump_json()})
+    findings = inspect_arms(resolved_target(cfg), resolved_drafters(plan))  # seconds, before any server
+    tracker.text(parent, findings_markdown(findings), "static_checks.md")
     workdir = run_dir(cfg, parent)
     results = [run_arm(cfg, arm, tracker.uri, experiment, parent, str(workdir), prompts) for arm in plan]
     table = compare(tracker, parent, results)
+    decision = verdict(tracker, parent, results, findings)
     tracker.metrics(parent, {"diagnosis_wall_s": time.monotonic() - start})
     tracker.finish(parent, ok=True)
     print("\n" + table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
@@ -56,6 +61,7 @@ def diagnose(profile: str = "demo", drafter: str | None = None, control: str | N
     for r in results:
         if not r.ok:
             print(f"arm {r.arm} FAILED: {r.error.splitlines()[0]}")
+    print("\n" + decision.markdown())
     print(f"\nMLflow: {tracker.run_url(experiment, parent)}")
     return results
 

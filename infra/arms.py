@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -112,6 +112,16 @@ def validate_local_inputs(profile: Profile, arms: list[Arm]) -> None:
     if not LocalExecutor().port_free(profile.target.port):
         raise SpecdiagError(f"port {profile.target.port} is already in use on this machine: stop what holds it "
                             f"(`fuser {profile.target.port}/tcp` shows it) or pick another with --port")
+
+
+def resolved_target(profile: Profile) -> str:
+    return embedded.resolve(profile.target.model)
+
+
+def resolved_drafters(arms: list[Arm]) -> list[Arm]:
+    """The arms with 'embedded:' drafter references built and replaced by their paths."""
+    return [replace(a, spec=a.spec.model_copy(update={"model": embedded.resolve(a.spec.model)}))
+            if a.spec and a.spec.model else a for a in arms]
 
 
 def run_dir(profile: Profile, diagnosis_id: str) -> Path:

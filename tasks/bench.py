@@ -43,6 +43,9 @@ class BenchResult:
         rows = [{**asdict(r), "itl_ms": json.dumps([round(x, 3) for x in r.itl_ms])} for r in self.records]
         return pd.DataFrame(rows)
 
+    def request_tok_s(self) -> list[float]:
+        return [r.completion_tokens / (r.e2e_ms / 1000) for r in self.records if r.ok and r.e2e_ms > 0]
+
     def summary(self) -> dict[str, float]:
         ok = [r for r in self.records if r.ok]
         tokens = sum(r.completion_tokens for r in ok)

@@ -19,6 +19,7 @@ class ArmResult:
     ok: bool = False
     error: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    request_tok_s: list[float] = field(default_factory=list)  # per measured request, for intervals
 
 
 @dataclass

@@ -23,7 +23,10 @@ def test_demo_diagnosis_records_every_arm(prefect_server, mlflow_uri, tmp_path, 
     arms = {r.data.tags["specdiag.arm"]: r for r in runs if r.data.tags.get("specdiag.kind") == "arm"}
     assert len(parents) == 1 and set(arms) == {"baseline", "smol-permuted", "smol-self"}
     parent = parents[0]
-    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"comparison.csv", "comparison.md"}
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {
+        "comparison.csv", "comparison.md", "static_checks.md", "verdict.md"}
+    # the permuted vocabulary is named as the cause: static embedding check + near-zero served acceptance
+    assert parent.data.tags["specdiag.verdict"] == "vocab_mismatch"
 
     for name, run in arms.items():
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id

@@ -56,3 +56,5 @@ def test_killed_server_fails_its_arm_only(prefect_server, mlflow_uri, tmp_path, 
     assert "POST /v1/chat/completions" in log.read_text()
     assert "server_ready_s" in run.data.metrics and "requests_failed" in run.data.metrics
     assert client.get_run(next(r.run_id for r in results if r.arm == "smol-self")).info.status == "FINISHED"
+    parent = client.get_run(run.data.tags["mlflow.parentRunId"])
+    assert parent.data.tags["specdiag.verdict"] == "inconclusive"  # a crashed candidate decides nothing

@@ -1,0 +1,50 @@
+"""How long the static checks take to flag a scrambled d2t, next to a server launch on the same machine.
+
+    python benchmarks/static_checks_vs_launch.py
+Both measured in this one run: an EAGLE-3 head for SmolLM2 with a scrambled d2t is checked statically,
+then the embedded vLLM CPU server is launched and timed to healthy (and stopped).
+"""
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from infra import embedded, vllm  # noqa: E402
+from infra.eagle3 import make_eagle3  # noqa: E402
+from infra.executor import LocalExecutor  # noqa: E402
+from tasks.health import wait_healthy  # noqa: E402
+from tasks.inspect import inspect_drafter  # noqa: E402
+from tasks.launch import Server  # noqa: E402
+
+
+def main() -> None:
+    target = embedded.target_model()
+    target_cfg = json.loads((target / "config.json").read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        head = make_eagle3(Path(tmp) / "scrambled", target_cfg, draft_vocab=8192, fault="scrambled_d2t")
+        start = time.monotonic()
+        findings = inspect_drafter.fn(str(head), "eagle3", str(target))
+        static_s = time.monotonic() - start
+        flagged = [f.code for f in findings if f.severity == "error"]
+        assert "d2t_order" in flagged, findings
+
+        ex = LocalExecutor()
+        argv = vllm.server_argv(embedded.engine_python(), str(target), 8099, ["--enforce-eager", "--dtype",
+                                "bfloat16", "--max-model-len", "2048", "--distributed-executor-backend", "uni"],
+                                None, None)
+        proc = ex.launch(argv, vllm.server_env({"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "auto"}),
+                         str(Path(tmp) / "server.log"))
+        try:
+            launch_s = wait_healthy.fn(Server("launch", proc, ex.base_url(8099), ex), timeout_s=600)
+        finally:
+            ex.stop_group(proc.pgid)
+    print(f"static checks flagged {flagged} in {static_s:.2f} s")
+    print(f"server launch to healthy (SmolLM2-135M, vLLM CPU, eager): {launch_s:.1f} s")
+    print(f"ratio launch / static: {launch_s / static_s:.0f}x")
+
+
+if __name__ == "__main__":
+    main()

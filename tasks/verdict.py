@@ -1,0 +1,143 @@
+"""Name the cause: explicit rules over the measured evidence, never claiming more than it supports.
+
+Acceptance is a proportion; its Wilson interval uses the number of drafts as n (the tokens within one
+draft are correlated, so counting draft tokens would overstate the precision).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from scipy import stats
+
+from infra.tracking import Tracker
+from tasks.inspect import Finding
+from tasks.record import ArmResult
+
+VOCAB_CODES = {"d2t_missing", "d2t_shape", "d2t_range", "d2t_order", "t2d_shape", "t2d_sum", "t2d_mismatch",
+               "embedding_mismatch", "tokenizer", "vocab_size"}
+MIN_DRAFTS = 30  # below this, no interval is narrow enough to decide anything
+NEAR_ZERO = 0.10  # acceptance whose whole interval lies below this means the drafts are essentially never right
+CONTROL_GOOD = 0.30  # a known-good control whose interval lies above this shows the engine path works
+HEALTHY = 0.60  # a drafter whose whole interval lies above this is doing its job, control or not
+NARROW = 0.15  # intervals narrower than this that overlap mean "as good as the control"
+
+
+@dataclass
+class Verdict:
+    cause: str
+    evidence: list[str] = field(default_factory=list)
+    next_step: str = ""
+
+    def markdown(self) -> str:
+        lines = [f"# Verdict: `{self.cause}`", "", "Evidence:", *[f"- {e}" for e in self.evidence]]
+        return "\n".join(lines + ([f"\nNext: {self.next_step}"] if self.next_step else []))
+
+
+def wilson(successes: float, n: float, z: float = 1.96) -> tuple[float, float]:
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def acceptance_interval(m: dict[str, float]) -> tuple[float, float]:
+    drafts = m.get("num_drafts", 0.0)
+    return wilson(m.get("acceptance_rate", 0.0) * drafts, drafts)
+
+
+def mean_interval(values: list[float]) -> tuple[float, float, float]:
+    """Mean and 95% t-interval of per-request throughputs (run-to-run noise)."""
+    v = np.asarray(values, dtype=float)
+    if v.size < 2:
+        return (float(v.mean()) if v.size else 0.0,) * 3
+    lo, hi = stats.t.interval(0.95, v.size - 1, loc=v.mean(), scale=stats.sem(v) or 1e-12)
+    return float(v.mean()), float(lo), float(hi)
+
+
+def _fmt(name: str, m: dict[str, float]) -> str:
+    lo, hi = acceptance_interval(m)
+    return (f"{name}: acceptance {m.get('acceptance_rate', 0):.3f} [95% CI {lo:.3f}-{hi:.3f}] over "
+            f"{m.get('num_drafts', 0):.0f} drafts / {m.get('num_draft_tokens', 0):.0f} draft tokens")
+
+
+def decide(results: list[ArmResult], findings: dict[str, list[Finding]]) -> Verdict:
+    cand = next((r for r in results if r.role == "candidate"), None)
+    ctrl = next((r for r in results if r.role == "control"), None)
+    if cand is None:
+        return Verdict("inconclusive", ["no candidate arm ran"], "pass --drafter")
+    vocab_errors = [f for f in findings.get(cand.arm, []) if f.severity == "error" and f.code in VOCAB_CODES]
+    if not cand.ok:
+        if "SpecDecodingOff" in cand.error:
+            return Verdict("spec_disabled", [cand.error.splitlines()[0]],
+                           "check that the speculative config reaches the engine (server_cmd, server log)")
+        return Verdict("inconclusive", [f"candidate arm failed: {cand.error.splitlines()[0]}"] +
+                       [f"static check: {f.line()}" for f in vocab_errors], "fix the failure and rerun")
+    m = cand.metrics
+    if m.get("num_drafts", 0) == 0 and m.get("output_tokens", 0) > 0:
+        return Verdict("spec_disabled", [f"{cand.arm}: {m.get('output_tokens', 0):.0f} tokens generated, 0 drafts proposed"],
+                       "the drafter never proposed: check the speculative config")
+    evidence = [_fmt(cand.arm, m)]
+    if m.get("num_drafts", 0) < MIN_DRAFTS:
+        return Verdict("inconclusive", evidence + [f"fewer than {MIN_DRAFTS} drafts: the interval is too wide"],
+                       f"rerun with more prompts or tokens (--prompts, --max-tokens)")
+    lo, hi = acceptance_interval(m)
+    evidence += [f"static check: {f.line()}" for f in vocab_errors]
+    if hi < NEAR_ZERO and vocab_errors:
+        return Verdict("vocab_mismatch", evidence + [
+            "near-zero acceptance together with a vocabulary-mapping fault found in the checkpoint"],
+            "regenerate or restore the drafter's vocabulary mapping (d2t/t2d, embedding rows)")
+    if lo >= HEALTHY:
+        return Verdict("healthy", evidence + [f"the whole interval lies above {HEALTHY}"])
+    if ctrl is None or not ctrl.ok or ctrl.metrics.get("num_drafts", 0) < MIN_DRAFTS:
+        why = "no control arm" if ctrl is None else (f"control failed: {ctrl.error.splitlines()[0]}" if not ctrl.ok
+                                                     else "control has too few drafts")
+        return Verdict("inconclusive", evidence + [why], "add a known-good control drafter (--control) and rerun")
+    c_lo, c_hi = acceptance_interval(ctrl.metrics)
+    evidence.append(_fmt(ctrl.arm, ctrl.metrics) + " (control)")
+    if c_hi < CONTROL_GOOD:
+        return Verdict("integration", evidence + [
+            "the known-good control is low too: the engine path (hidden states, patches, flags) is at fault, "
+            "not this drafter"], "compare with the control on a known-good engine build; check aux layer ids")
+    if lo > c_hi:
+        return Verdict("healthy", evidence + ["candidate acceptance is above the control's"])
+    if hi >= c_lo:
+        if max(hi - lo, c_hi - c_lo) < NARROW:
+            return Verdict("healthy", evidence + ["candidate acceptance matches the control's"])
+        return Verdict("inconclusive", evidence + ["candidate and control intervals overlap and are wide"],
+                       "rerun with more prompts (--prompts) to narrow the intervals")
+    if vocab_errors:
+        return Verdict("vocab_mismatch", evidence + ["candidate below control, with a vocabulary-mapping fault"],
+                       "restore the drafter's vocabulary mapping")
+    return Verdict("training_quality", evidence + [
+        f"candidate significantly below the control (upper {hi:.3f} < control lower {c_lo:.3f}) with no static "
+        f"fault: the drafter itself predicts worse"], "train longer or on data closer to the served prompts")
+
+
+def throughput_lines(results: list[ArmResult]) -> list[str]:
+    base = next((r for r in results if r.role == "baseline" and r.ok), None)
+    lines = []
+    for r in results:
+        if r.ok and base and r is not base and r.request_tok_s and base.request_tok_s:
+            mean, lo, hi = mean_interval(r.request_tok_s)
+            b_mean, b_lo, b_hi = mean_interval(base.request_tok_s)
+            lines.append(f"{r.arm}: {mean:.1f} tok/s per stream vs baseline {b_mean:.1f}; speedup "
+                         f"{mean / b_mean:.2f}x [{lo / b_hi:.2f}-{hi / b_lo:.2f}]")
+    return lines
+
+
+@task(name="verdict", cache_policy=NO_CACHE)
+def verdict(tracker: Tracker, parent_run_id: str, results: list[ArmResult],
+            findings: dict[str, list[Finding]]) -> Verdict:
+    v = decide(results, findings)
+    v.evidence += throughput_lines(results)
+    tracker.tag(parent_run_id, "specdiag.verdict", v.cause)
+    tracker.text(parent_run_id, v.markdown(), "verdict.md")
+    create_markdown_artifact(v.markdown(), key="specdiag-verdict", description="specdiag verdict")
+    return v
