@@ -5,6 +5,7 @@ Both measured in this one run: an EAGLE-3 head for SmolLM2 with a scrambled d2t 
 then the embedded vLLM CPU server is launched and timed to healthy (and stopped).
 """
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +31,11 @@ def main() -> None:
         static_s = time.monotonic() - start
         flagged = [f.code for f in findings if f.severity == "error"]
         assert "d2t_order" in flagged, findings
+        start = time.monotonic()
+        cli = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "flows" / "inspect_drafter.py"),
+                              str(head), "--target", str(target)], capture_output=True, text=True)
+        cli_s = time.monotonic() - start
+        assert cli.returncode == 1 and "d2t_order" in cli.stdout, cli.stdout + cli.stderr
 
         ex = LocalExecutor()
         argv = vllm.server_argv(embedded.engine_python(), str(target), 8099, ["--enforce-eager", "--dtype",
@@ -43,7 +49,8 @@ def main() -> None:
             ex.stop_group(proc.pgid)
     print(f"static checks flagged {flagged} in {static_s:.2f} s")
     print(f"server launch to healthy (SmolLM2-135M, vLLM CPU, eager): {launch_s:.1f} s")
-    print(f"ratio launch / static: {launch_s / static_s:.0f}x")
+    print(f"whole CLI (python flows/inspect_drafter.py, interpreter and torch import included): {cli_s:.1f} s")
+    print(f"ratio launch / static checks: {launch_s / static_s:.0f}x; launch / whole CLI: {launch_s / cli_s:.1f}x")
 
 
 if __name__ == "__main__":
