@@ -22,6 +22,7 @@ from infra.tracking import Tracker
 from tasks.bench import load_prompts
 from tasks.compare import compare
 from tasks.inspect import findings_markdown, inspect_arms
+from tasks.plots import plots
 from tasks.record import ArmResult
 from tasks.verdict import verdict
 
@@ -52,6 +53,7 @@ def diagnose(profile: str = "demo", drafter: str | None = None, control: str | N
     results = [run_arm(cfg, arm, tracker.uri, experiment, parent, str(workdir), prompts) for arm in plan]
     table = compare(tracker, parent, results)
     decision = verdict(tracker, parent, results, findings)
+    plots(tracker, parent, results)
     tracker.metrics(parent, {"diagnosis_wall_s": time.monotonic() - start})
     tracker.finish(parent, ok=True)
     print("\n" + table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))

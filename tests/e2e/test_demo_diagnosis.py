@@ -24,7 +24,8 @@ def test_demo_diagnosis_records_every_arm(prefect_server, mlflow_uri, tmp_path, 
     assert len(parents) == 1 and set(arms) == {"baseline", "smol-permuted", "smol-self"}
     parent = parents[0]
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {
-        "comparison.csv", "comparison.md", "static_checks.md", "verdict.md"}
+        "comparison.csv", "comparison.md", "static_checks.md", "verdict.md", "acceptance_per_position.png",
+        "throughput.png"}
     # the permuted vocabulary is named as the cause: static embedding check + near-zero served acceptance
     assert parent.data.tags["specdiag.verdict"] == "vocab_mismatch"
 

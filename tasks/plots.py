@@ -1,0 +1,58 @@
+"""Charts for the parent run: per-position acceptance of every arm on one chart; tok/s with speedup."""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from prefect import task  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+from infra.tracking import Tracker  # noqa: E402
+from tasks.record import ArmResult  # noqa: E402
+
+
+def per_position(metrics: dict[str, float]) -> list[float]:
+    return [metrics[f"acceptance_rate_pos_{i}"] for i in range(64) if f"acceptance_rate_pos_{i}" in metrics]
+
+
+def draw(results: list[ArmResult], out: Path) -> list[Path]:
+    acc_path, tps_path = out / "acceptance_per_position.png", out / "throughput.png"
+    fig, ax = plt.subplots(figsize=(6, 4))
+    longest = 0
+    for r in results:
+        curve = per_position(r.metrics)
+        if curve:
+            ax.plot(range(len(curve)), curve, marker="o", label=r.arm)
+            longest = max(longest, len(curve))
+    ax.set_xticks(range(longest))
+    ax.set(xlabel="draft position", ylabel="acceptance rate (of drafts)", ylim=(-0.02, 1.02),
+           title="Per-position acceptance")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(acc_path, dpi=100)
+    plt.close(fig)
+
+    ok = [r for r in results if r.ok and "output_tok_s" in r.metrics]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    bars = ax.bar([r.arm for r in ok], [r.metrics["output_tok_s"] for r in ok],
+                  color=["grey" if r.role == "baseline" else "tab:blue" for r in ok])
+    for bar, r in zip(bars, ok):
+        if "speedup_vs_baseline" in r.metrics:
+            ax.annotate(f"{r.metrics['speedup_vs_baseline']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom")
+    ax.set(ylabel="output tokens/s", title="Throughput (speedup vs baseline)")
+    fig.tight_layout()
+    fig.savefig(tps_path, dpi=100)
+    plt.close(fig)
+    return [acc_path, tps_path]
+
+
+@task(name="plots", cache_policy=NO_CACHE)
+def plots(tracker: Tracker, parent_run_id: str, results: list[ArmResult]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in draw(results, Path(tmp)):
+            tracker.file(parent_run_id, path)
