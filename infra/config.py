@@ -74,6 +74,8 @@ class HostConfig(_Strict):
     kind: Literal["local"] = "local"
     workdir: str = "runs"  # server logs, relative to the project root when not absolute
     gpu_memory_free_mib: int = 1024  # cleanup counts a GPU as free under this much used memory
+    gpus: list[int] | None = None  # GPUs the server uses; None = all
+    stop_any_gpu_process: bool = False  # opt in: cleanup may stop processes this tool did not start
 
 
 class BenchConfig(_Strict):

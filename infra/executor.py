@@ -37,6 +37,8 @@ class Executor(Protocol):
     def is_alive(self, pid: int) -> bool: ...
     def group_pids(self, pgid: int) -> list[int]: ...
     def stop_group(self, pgid: int, grace_s: float = 15.0) -> list[int]: ...
+    def stop_pid(self, pid: int, grace_s: float = 15.0) -> bool: ...
+    def pgid_of(self, pid: int) -> int | None: ...
     def read_tail(self, path: str, max_bytes: int = 16_384) -> str: ...
     def read_from(self, path: str, offset: int) -> tuple[str, int]: ...
     def fetch(self, path: str, dest: Path) -> Path: ...
@@ -105,6 +107,26 @@ class LocalExecutor:
                     return []
                 time.sleep(0.2)
         return self.group_pids(pgid)
+
+    def stop_pid(self, pid: int, grace_s: float = 15.0) -> bool:
+        """Stop one process that is not ours to stop as a group; True once it is gone."""
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                return True
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                if not self.is_alive(pid):
+                    return True
+                time.sleep(0.2)
+        return not self.is_alive(pid)
+
+    def pgid_of(self, pid: int) -> int | None:
+        try:
+            return os.getpgid(pid)
+        except ProcessLookupError:
+            return None
 
     def read_tail(self, path: str, max_bytes: int = 16_384) -> str:
         try:
