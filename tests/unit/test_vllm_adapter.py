@@ -73,3 +73,15 @@ def test_server_env_binds_all_cores_for_auto():
     env = vllm.server_env({"VLLM_CPU_OMP_THREADS_BIND": "auto"})
     assert env["VLLM_CPU_OMP_THREADS_BIND"] != "auto"
     assert env["VLLM_LOG_STATS_INTERVAL"] == "1"
+
+
+def test_configured_drafter_without_spec_series_is_reported_off_not_zero():
+    from tasks.scrape import Snapshot, SpecDecodingOff, counter_metrics
+
+    off = "\n".join(l for l in METRICS.splitlines() if "spec_decode" not in l) + "\n"
+    snap = Snapshot(off, vllm.parse_metrics(off), 0)
+    with pytest.raises(SpecDecodingOff, match="speculative decoding is OFF"):
+        counter_metrics("cand", snap, snap, speculative=True)
+    assert counter_metrics("baseline", snap, snap, speculative=False) == {}
+    on = Snapshot(METRICS, vllm.parse_metrics(METRICS), 0)
+    assert counter_metrics("cand", snap, on, speculative=True)["num_draft_tokens"] == 104.0
