@@ -48,6 +48,12 @@ def test_verdict_never_claims_more_than_the_evidence():
     # wide overlapping intervals between candidate and control
     v = decide([BASE, arm("cand", "candidate", 0.50, drafts=40), arm("ctl", "control", 0.58, drafts=40)], {})
     assert v.cause == "inconclusive" and "overlap" in " ".join(v.evidence)
+    # a control with a handful of drafts cannot anchor a comparison
+    v = decide([BASE, arm("cand", "candidate", 0.45), arm("ctl", "control", 1.0, drafts=5)], {})
+    assert v.cause == "inconclusive" and "too few drafts" in " ".join(v.evidence)
+    # ...but a control that accepted all of 26 drafts can
+    v = decide([BASE, arm("cand", "candidate", 0.32, drafts=56), arm("ctl", "control", 1.0, drafts=26)], {})
+    assert v.cause == "training_quality"
     # a mediocre drafter with no control to compare with
     v = decide([BASE, arm("cand", "candidate", 0.45)], {})
     assert v.cause == "inconclusive" and "--control" in v.next_step
