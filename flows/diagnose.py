@@ -47,15 +47,15 @@ def diagnose(profile: str = "demo", drafter: str | None = None, control: str | N
                            {"specdiag.kind": "diagnosis", "specdiag.drafter": cfg.drafter or "none"})
     tracker.params(parent, {"profile": cfg.name, "arms": ",".join(a.name for a in plan),
                             "profile_json": cfg.model_dump_json()})
-    findings = inspect_arms(resolved_target(cfg), resolved_drafters(plan))  # seconds, before any server
-    tracker.text(parent, findings_markdown(findings), "static_checks.md")
-    workdir = run_dir(cfg, parent)
-    results = [run_arm(cfg, arm, tracker.uri, experiment, parent, str(workdir), prompts) for arm in plan]
-    table = compare(tracker, parent, results)
-    decision = verdict(tracker, parent, results, findings)
-    plots(tracker, parent, results)
-    tracker.metrics(parent, {"diagnosis_wall_s": time.monotonic() - start})
-    tracker.finish(parent, ok=True)
+    with tracker.terminated(parent):
+        findings = inspect_arms(resolved_target(cfg), resolved_drafters(plan))  # seconds, before any server
+        tracker.text(parent, findings_markdown(findings), "static_checks.md")
+        workdir = run_dir(cfg, parent)
+        results = [run_arm(cfg, arm, tracker.uri, experiment, parent, str(workdir), prompts) for arm in plan]
+        table = compare(tracker, parent, results)
+        decision = verdict(tracker, parent, results, findings)
+        plots(tracker, parent, results)
+        tracker.metrics(parent, {"diagnosis_wall_s": time.monotonic() - start})
     print("\n" + table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"\nwall time {time.monotonic() - start:.0f} s in the flow; per arm: " + ", ".join(
         f"{r.arm} {r.metrics.get('server_ready_s', 0):.0f} s ready + {r.metrics.get('bench_s', 0):.0f} s bench "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -71,6 +72,16 @@ class Tracker:
 
     def finish(self, run_id: str, ok: bool) -> None:
         self.client.set_terminated(run_id, "FINISHED" if ok else "FAILED")
+
+    @contextmanager
+    def terminated(self, run_id: str):
+        """The run ends FINISHED when the block completes, FAILED when it raises (Ctrl-C included)."""
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            self.finish(run_id, ok)
 
     def run_url(self, experiment_id: str, run_id: str) -> str:
         return f"mlflow ui --backend-store-uri {self.uri}  ->  #/experiments/{experiment_id}/runs/{run_id}"
