@@ -82,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specdiag: error: {exc}", file=sys.stderr)
         return 2
     sets = args.sets + [f"{k}={v}" for k, v in over.items() if v is not None and "." in k]
-    results = diagnose(args.profile, cfg.drafter, cfg.control, cfg.arms, sets)
+    try:
+        results = diagnose(args.profile, cfg.drafter, cfg.control, cfg.arms, sets)
+    except SpecdiagError as exc:  # e.g. the engine environment could not be built
+        print(f"specdiag: error: {exc}", file=sys.stderr)
+        return 2
     return 0 if all(r.ok for r in results) else 1
 
 
