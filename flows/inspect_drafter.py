@@ -26,9 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         target = embedded.resolve(args.target)
-        for path in (args.path, target, args.control):
-            if path and not (Path(path) / "config.json").exists():
-                raise SpecdiagError(f"{path} is not a checkpoint folder (no config.json)")
+        if not (Path(target) / "config.json").exists():
+            raise SpecdiagError(f"target {target} is not a model folder (no config.json)")
         method = infer_method(Path(args.path))
         control_method = infer_method(Path(args.control)) if args.control else None
         findings = inspect_drafter.fn(args.path, method, target, args.control, control_method)
