@@ -62,9 +62,13 @@ def reclaim(executor, own_pgids: set[int], gpus: list[int] | None = None, stop_a
         if gpu not in selected or pid in stopped:
             continue
         pgid = executor.pgid_of(pid)
-        if stop_any or pgid in own_pgids:
-            executor.stop_group(pgid) if pgid in own_pgids else executor.stop_pid(pid)
-            stopped.append(pid)
+        if pgid in own_pgids:
+            executor.stop_group(pgid)
+        elif stop_any:
+            executor.stop_pid(pid)
+        else:
+            continue
+        stopped.append(pid)
     deadline = time.monotonic() + timeout_s
     while True:
         after = memory_used_mib(executor)
