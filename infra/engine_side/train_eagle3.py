@@ -1,0 +1,209 @@
+"""Train the demo EAGLE-3 drafter for SmolLM2 on 2 CPU cores, in minutes. Run by the engine virtualenv's Python.
+
+Usage: python train_eagle3.py TARGET_DIR OUT_DIR [--prompts N] [--max-new N] [--epochs N]
+
+Data: the target's own greedy answers to chat-templated prompts written here (not the benchmark's prompts), with
+labels = the target's argmax at every position (prompt positions included: free extra data). The aux states come
+from transformers (`output_hidden_states`). Training is EAGLE-3's test-time training over STEPS chained draft
+steps, with the forward in eagle3_ref.py (vLLM's conventions), so what is trained is what vLLM serves.
+Writes config.json + model.safetensors in the format vLLM loads, and specdiag.json with the validation accuracy.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from eagle3_ref import Eagle3  # noqa: E402
+from target_states import aux_states, encode, greedy, load_target  # noqa: E402
+
+SUBJECTS = ["photosynthesis", "the water cycle", "black holes", "volcanoes", "the immune system", "compound interest",
+            "machine learning", "the French Revolution", "climate change", "vaccines", "recursion", "the stock market",
+            "plate tectonics", "the human heart", "electric cars", "the internet", "honey bees", "the Roman Empire",
+            "sleep", "renewable energy", "chess", "coffee", "the moon landing", "earthquakes", "DNA", "inflation",
+            "rainbows", "the printing press", "gravity", "healthy eating", "time management", "public speaking",
+            "sorting algorithms", "databases", "the solar system", "friendship", "gardening", "music theory",
+            "the ocean", "learning a language", "baking bread", "running a marathon", "saving money", "job interviews",
+            "writing a resume", "traveling to Japan", "camping", "dogs as pets", "cats", "the Renaissance",
+            "ancient Egypt", "World War I", "democracy", "the Moon", "Mars", "thunderstorms", "glaciers", "deserts",
+            "rainforests", "coral reefs", "bacteria", "the brain", "memory", "stress", "meditation", "yoga",
+            "soccer", "basketball", "the Olympics", "jazz", "painting", "photography", "movies", "poetry",
+            "Shakespeare", "video games", "smartphones", "passwords", "encryption", "cloud computing", "Python",
+            "JavaScript", "SQL", "Git", "unit testing", "HTTP", "operating systems", "electricity", "magnets",
+            "light", "sound", "atoms", "chemical reactions", "fractions", "prime numbers", "probability",
+            "statistics", "geometry", "algebra", "the economy", "taxes", "recycling", "cooking pasta", "tea"]
+TEMPLATES = ["Explain {} to a ten-year-old.", "Write a short paragraph about {}.",
+             "What are three interesting facts about {}?", "Give me a brief overview of {}.",
+             "Why is {} important?", "Write a short poem about {}.", "What are common misconceptions about {}?",
+             "Give me five tips related to {}.", "Write a short story that involves {}.",
+             "How would you teach a beginner about {}?", "Summarize the history of {} in a few sentences.",
+             "What are the pros and cons of {}?", "Describe {} in simple terms.",
+             "Write a friendly email to a colleague about {}."]
+STEPS = 3  # chained draft steps trained (test-time training); vLLM serves k of them
+LAYERS = [2, 15, 27]  # vLLM's default aux layer ids for a 30-layer target: (2, N//2, N-3)
+
+
+def log(msg: str) -> None:
+    print(f"[train-eagle3] {msg}", flush=True)
+
+
+def build_data(target: str, n_prompts: int, max_new: int):
+    model, tok = load_target(target)
+    prompts = [t.format(s) for s, t in itertools.product(SUBJECTS, TEMPLATES)]
+    random.Random(0).shuffle(prompts)
+    encoded = [encode(tok, p, chat=True) for p in prompts[:n_prompts]]
+    start = time.monotonic()
+    pairs = greedy(model, tok, encoded, max_new, batch=64)
+    log(f"greedy answers: {sum(len(g) for _, g in pairs)} tokens in {time.monotonic() - start:.0f} s")
+    data = []
+    for prompt, gen in pairs:
+        ids = prompt + gen
+        with torch.inference_mode():
+            out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+        aux = torch.cat([out.hidden_states[k][0] for k in LAYERS], -1)
+        labels = out.logits[0].argmax(-1)  # the target's next token at every position
+        data.append((torch.tensor(ids), aux.to(torch.bfloat16), labels))
+    embed = model.get_input_embeddings().weight.detach().clone()
+    return model, data, embed
+
+
+def draft_vocab(data, size: int, vocab: int) -> torch.Tensor:
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for _, _, labels in data:
+        counts += torch.bincount(labels, minlength=vocab)
+    return torch.sort(torch.topk(counts, size).indices).values
+
+
+def init_drafter(model, embed, ids_kept: torch.Tensor) -> Eagle3:
+    tcfg = model.config.to_dict()
+    cfg = {k: tcfg[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                                 "rms_norm_eps", "max_position_embeddings", "vocab_size", "head_dim",
+                                 "bos_token_id", "eos_token_id") if k in tcfg}
+    cfg.update({"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+                "draft_vocab_size": len(ids_kept), "target_hidden_size": tcfg["hidden_size"],
+                "eagle_aux_hidden_state_layer_ids": LAYERS, "tie_word_embeddings": False,
+                "rope_parameters": tcfg.get("rope_parameters") or {"rope_theta": tcfg.get("rope_theta", 10000.0),
+                                                                   "rope_type": "default"}})
+    d = Eagle3(cfg, embed.float())
+    h = cfg["hidden_size"]
+    last = model.model.layers[-1]
+    with torch.no_grad():  # start from the target's last layer reading the deepest aux state
+        d.fc.weight.zero_()
+        d.fc.weight[:, 2 * h:] = torch.eye(h)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            w = getattr(last.self_attn, name).weight
+            getattr(d.midlayer.self_attn, name).weight.copy_(torch.cat([0.1 * w, w], 1))
+        d.midlayer.self_attn.o_proj.weight.copy_(last.self_attn.o_proj.weight)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(d.midlayer.mlp, name).weight.copy_(getattr(last.mlp, name).weight)
+        d.midlayer.input_layernorm.weight.copy_(last.input_layernorm.weight)
+        d.midlayer.hidden_norm.weight.copy_(last.input_layernorm.weight)
+        d.midlayer.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight)
+        d.norm.weight.copy_(model.model.norm.weight)
+        d.lm_head.weight.copy_(embed[ids_kept])
+        d.d2t.copy_(ids_kept - torch.arange(len(ids_kept)))
+        d.t2d.zero_()
+        d.t2d[ids_kept] = True
+    return d
+
+
+def step_losses(d: Eagle3, ids, aux, labels, t2d_index):
+    """Per step: (loss, correct, count). Step j at slot t predicts the target's token after ids[t+j+1]."""
+    out = []
+    for j, logits in enumerate(d.chain_logits(aux.float(), ids, STEPS)):
+        want = t2d_index[labels[1 + j: 1 + j + logits.shape[0]]]  # -1 where the token is outside the draft vocab
+        ok = want >= 0
+        loss = F.cross_entropy(logits[ok], want[ok]) if ok.any() else logits.sum() * 0
+        out.append((loss, (logits.argmax(-1) == want).sum().item(), len(want)))
+    return out
+
+
+def train(d: Eagle3, data, epochs: int, vocab: int):
+    t2d_index = torch.full((vocab,), -1, dtype=torch.long)
+    kept = torch.nonzero(d.t2d).squeeze(1)
+    t2d_index[kept] = torch.arange(len(kept))
+    val, tr = data[: max(4, len(data) // 10)], data[max(4, len(data) // 10):]
+    params = [p for p in d.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
+    total = epochs * len(tr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 50) * max(0.05, 1 - i / total))
+    rng = random.Random(0)
+    for epoch in range(epochs):
+        start = time.monotonic()
+        rng.shuffle(tr)
+        d.train()
+        for ids, aux, labels in tr:
+            losses = step_losses(d, ids, aux, labels, t2d_index)
+            loss = sum(l * 0.8 ** j for j, (l, _, _) in enumerate(losses))
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+        acc = evaluate(d, val, t2d_index)
+        log(f"epoch {epoch + 1}/{epochs}: {time.monotonic() - start:.0f} s, val accuracy per step "
+            + " ".join(f"{a:.3f}" for a in acc))
+    return acc
+
+
+@torch.no_grad()
+def evaluate(d: Eagle3, data, t2d_index) -> list[float]:
+    d.eval()
+    right, seen = [0] * STEPS, [0] * STEPS
+    for ids, aux, labels in data:
+        for j, (_, ok, n) in enumerate(step_losses(d, ids, aux, labels, t2d_index)):
+            right[j], seen[j] = right[j] + ok, seen[j] + n
+    return [r / max(1, s) for r, s in zip(right, seen)]
+
+
+def save(d: Eagle3, out: Path, stats: dict) -> None:
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    sd = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous() for k, v in d.state_dict().items()}
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(d.cfg, indent=2))
+    (out / "specdiag.json").write_text(json.dumps(stats, indent=2))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("target")
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--prompts", type=int, default=224)
+    ap.add_argument("--max-new", type=int, default=96)
+    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--draft-vocab", type=int, default=4096)
+    ap.add_argument("--keep-data", action="store_true", help="keep OUT/data.pt to retrain without regenerating")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    start = time.monotonic()
+    cache = args.out / "data.pt"
+    if cache.exists():
+        model, _ = load_target(args.target)
+        data, embed = torch.load(cache)
+    else:
+        model, data, embed = build_data(args.target, args.prompts, args.max_new)
+        args.out.mkdir(parents=True, exist_ok=True)
+        torch.save((data, embed), cache)
+    log(f"data: {len(data)} sequences, {sum(len(i) for i, _, _ in data)} positions")
+    kept = draft_vocab(data, args.draft_vocab, embed.shape[0])
+    d = init_drafter(model, embed, kept)
+    acc = train(d, data, args.epochs, embed.shape[0])
+    save(d, args.out, {"val_accuracy_per_step": acc, "sequences": len(data), "epochs": args.epochs,
+                       "build_s": round(time.monotonic() - start)})
+    if not args.keep_data:
+        cache.unlink()
+    log(f"wrote {args.out} in {time.monotonic() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
