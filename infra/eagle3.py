@@ -32,3 +32,31 @@ def make_eagle3(out: Path, target: dict, draft_vocab: int = 512, aux=None, fault
               "eagle_aux_hidden_state_layer_ids": aux or [2, layers // 2, layers - 3]}
     (out / "config.json").write_text(json.dumps(config))
     return out
+
+
+def with_mapping(candidate: Path, control: Path) -> Path:
+    """The candidate head with the control's d2t/t2d: the control_mapping probe's checkpoint (cached by content)."""
+    import hashlib
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from infra.config import SpecdiagError
+    from infra.embedded import cache_dir
+
+    tensors, mapping = load_file(str(candidate / "model.safetensors")), load_file(str(control / "model.safetensors"))
+    if tensors["lm_head.weight"].shape[0] != (mapping["d2t"].shape[0] if "d2t" in mapping else -1):
+        raise SpecdiagError(f"probe control_mapping: the control {control} has no d2t of the candidate's draft "
+                            f"vocabulary size ({tensors['lm_head.weight'].shape[0]})")
+    stamp = "|".join(f"{p.resolve()}:{(p / 'model.safetensors').stat().st_mtime_ns}" for p in (candidate, control))
+    digest = hashlib.sha256(stamp.encode()).hexdigest()[:12]
+    out = cache_dir() / "derived" / f"{candidate.name}-with-{control.name}-mapping-{digest}"
+    if not (out / "model.safetensors").exists():
+        tmp = out.with_name(out.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(candidate, tmp)
+        tensors.update({k: mapping[k] for k in ("d2t", "t2d") if k in mapping})
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        tmp.rename(out)
+    return out

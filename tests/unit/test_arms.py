@@ -23,7 +23,7 @@ def test_arms_run_in_order_baseline_candidate_control_extras():
 
 
 def test_unknown_drafter_lists_known_ones():
-    with pytest.raises(SpecdiagError, match="known drafters in profile 'demo': ngram, smol-noisy"):
+    with pytest.raises(SpecdiagError, match="known drafters in profile 'demo': ngram, ngram-never, smol-eagle3"):
         plan_arms(load_profile("demo", {"drafter": "aqmedai"}))
 
 
