@@ -27,6 +27,9 @@ NEAR_ZERO = 0.10  # acceptance whose whole interval lies below this means the dr
 CONTROL_GOOD = 0.30  # a known-good control whose interval lies above this shows the engine path works
 HEALTHY = 0.60  # a drafter whose whole interval lies above this is doing its job, control or not
 NARROW = 0.15  # intervals narrower than this that overlap mean "as good as the control"
+# Served acceptance whose upper bound is below this fraction of the offline lower bound (same checkpoint, same
+# prompts, reference forward): the engine does not run the drafter the way it was trained.
+INTEGRATION_RATIO = 0.5
 
 
 @dataclass
@@ -64,10 +67,54 @@ def mean_interval(values: list[float]) -> tuple[float, float, float]:
     return float(v.mean()), float(lo), float(hi)
 
 
+def offline_interval(m: dict[str, float]) -> tuple[float, float] | None:
+    """The offline acceptance's interval, n = slots / mean length (about the drafts serving would make)."""
+    if "offline_acceptance_rate" not in m:
+        return None
+    n = m.get("offline_num_slots", 0.0) / max(1.0, m.get("offline_mean_acceptance_length", 1.0))
+    return wilson(m["offline_acceptance_rate"] * n, n)
+
+
+def _fmt_offline(name: str, m: dict[str, float]) -> str:
+    lo, hi = offline_interval(m)
+    return (f"{name}: offline acceptance {m['offline_acceptance_rate']:.3f} [95% CI {lo:.3f}-{hi:.3f}] over "
+            f"{m.get('offline_num_slots', 0):.0f} draft slots (reference forward, no engine)")
+
+
 def _fmt(name: str, m: dict[str, float]) -> str:
     lo, hi = acceptance_interval(m)
     return (f"{name}: acceptance {m.get('acceptance_rate', 0):.3f} [95% CI {lo:.3f}-{hi:.3f}] over "
             f"{m.get('num_drafts', 0):.0f} drafts / {m.get('num_draft_tokens', 0):.0f} draft tokens")
+
+
+PROBE_RATIO = 1.5  # a probe arm decides only when its acceptance differs from the candidate's by this factor
+
+
+def _differs(a: dict[str, float], b: dict[str, float]) -> bool:
+    """a's acceptance is clearly above b's: separated intervals and a large ratio, not noise."""
+    (a_lo, _), (_, b_hi) = acceptance_interval(a), acceptance_interval(b)
+    return a.get("num_drafts", 0) >= MIN_DRAFTS and a_lo > b_hi and \
+        a.get("acceptance_rate", 0) >= PROBE_RATIO * b.get("acceptance_rate", 0)
+
+
+def probe_verdict(cand: ArmResult, results: list[ArmResult], evidence: list[str]) -> Verdict | None:
+    """One probe arm changed one thing; a large, significant change names the cause."""
+    m = cand.metrics
+    for p in (r for r in results if r.role == "probe" and r.ok):
+        line = _fmt(p.arm, p.metrics) + f" (probe {p.probe})"
+        if p.probe == "control_mapping" and _differs(p.metrics, m):
+            return Verdict("vocab_mismatch", evidence + [line, "with the control's d2t/t2d the same head accepts far "
+                           "more: its own vocabulary mapping is wrong"], "regenerate the candidate's d2t/t2d from "
+                           "the data it was trained on, or reuse the control's")
+        if p.probe == "graphs" and (_differs(p.metrics, m) or _differs(m, p.metrics)):
+            return Verdict("integration", evidence + [line, "acceptance changes with CUDA graphs / compilation alone: "
+                           "the engine's graph path runs the drafter differently"],
+                           "serve the drafter eager (speculative config enforce_eager) and report it to the engine")
+        if p.probe == "raw_prompts" and (_differs(p.metrics, m) or _differs(m, p.metrics)):
+            return Verdict("template_mismatch", evidence + [line, "the same prompts with and without the chat "
+                           "template give very different acceptance: the drafter was trained on another prompt "
+                           "format than it is served with"], "benchmark and train with the serving chat template")
+    return None
 
 
 def decide(results: list[ArmResult], findings: dict[str, list[Finding]]) -> Verdict:
@@ -96,8 +143,24 @@ def decide(results: list[ArmResult], findings: dict[str, list[Finding]]) -> Verd
         return Verdict("vocab_mismatch", evidence + [
             "near-zero acceptance together with a vocabulary-mapping fault found in the checkpoint"],
             "regenerate or restore the drafter's vocabulary mapping (d2t/t2d, embedding rows)")
+    off = offline_interval(m)
+    if off:
+        evidence.append(_fmt_offline(cand.arm, m))
+        if off[0] >= NEAR_ZERO and hi < INTEGRATION_RATIO * off[0]:
+            return Verdict("integration", evidence + [
+                f"served acceptance (upper {hi:.3f}) is far below what the same checkpoint reaches offline on the "
+                f"same prompts (lower {off[0]:.3f}): the engine feeds or wires the drafter differently from how it "
+                f"was trained"], "check the aux hidden-state layers the engine captures (server log: 'auxiliary "
+                "layers'), engine patches and the drafter's norm flags against the engine version")
+    probed = probe_verdict(cand, results, evidence)
+    if probed:
+        return probed
     if lo >= HEALTHY:
         return Verdict("healthy", evidence + [f"the whole interval lies above {HEALTHY}"])
+    if off and off[1] < CONTROL_GOOD and hi >= off[0]:
+        return Verdict("training_quality", evidence + [
+            "served acceptance matches the drafter's own offline acceptance, and both are low: the engine runs it "
+            "as trained; the drafter itself predicts poorly"], "train longer or on data closer to the served prompts")
     if ctrl is None or not ctrl.ok or ctrl.metrics.get("num_drafts", 0) < MIN_CONTROL_DRAFTS:
         why = "no control arm" if ctrl is None else (f"control failed: {ctrl.error.splitlines()[0]}" if not ctrl.ok
                                                      else "control has too few drafts")

@@ -73,3 +73,63 @@ def test_throughput_interval_and_speedup_line():
     lines = throughput_lines([arm("baseline", "baseline", tok_s=[10, 11, 9, 10]),
                               arm("cand", "candidate", 0.5, tok_s=[5, 5.5, 4.5, 5])])
     assert lines and "speedup 0.50x" in lines[0]
+
+
+def with_offline(result, rate, slots=600, length=1.4):
+    result.metrics.update(offline_acceptance_rate=rate, offline_num_slots=float(slots),
+                          offline_mean_acceptance_length=length)
+    return result
+
+
+@pytest.mark.parametrize("served, offline, ctrl, cause", [
+    (0.02, 0.25, arm("ctl", "control", 0.99), "integration"),  # the engine breaks a drafter that works offline
+    (0.02, 0.25, None, "integration"),  # the offline reference forward is itself the control
+    (0.20, 0.22, None, "training_quality"),  # served agrees with offline and both are low: the drafter
+    (0.20, 0.22, arm("ctl", "control", 0.99), "training_quality"),
+    (0.02, 0.03, arm("ctl", "control", 0.99), "training_quality"),  # low offline too: not the engine
+    (0.15, 0.25, None, "inconclusive"),  # below offline but not far below: no claim
+])
+def test_served_vs_offline_acceptance_separates_engine_from_drafter(served, offline, ctrl, cause):
+    cand = with_offline(arm("cand", "candidate", served, k=3), offline)
+    v = decide([BASE, cand] + ([ctrl] if ctrl else []), {})
+    assert v.cause == cause, v.evidence
+    assert any("offline acceptance" in e for e in v.evidence)
+
+
+def test_offline_numbers_never_hide_a_vocabulary_fault():
+    cand = with_offline(arm("cand", "candidate", 0.0), 0.0)
+    assert decide([BASE, cand, arm("ctl", "control", 0.99)], VOCAB).cause == "vocab_mismatch"
+
+
+def probe(name, kind, rate, drafts=200):
+    r = arm(name, "probe", rate, drafts=drafts)
+    r.probe = kind
+    return r
+
+
+@pytest.mark.parametrize("cand_rate, probes, cause", [
+    (0.05, [probe("c@control-mapping", "control_mapping", 0.60)], "vocab_mismatch"),
+    (0.05, [probe("c@eager", "graphs", 0.80)], "integration"),  # 0% with graphs, high eager (vllm #54997)
+    (0.25, [probe("c@raw", "raw_prompts", 0.60)], "template_mismatch"),
+    (0.60, [probe("c@raw", "raw_prompts", 0.25)], "template_mismatch"),
+    (0.25, [probe("c@raw", "raw_prompts", 0.28)], "training_quality"),  # no real difference: no claim from it
+    (0.25, [probe("c@raw", "raw_prompts", 0.60, drafts=12)], "training_quality"),  # too few drafts to decide
+])
+def test_probe_arms_name_the_cause_they_isolate(cand_rate, probes, cause):
+    results = [BASE, arm("cand", "candidate", cand_rate), arm("ctl", "control", 0.99), *probes]
+    v = decide(results, {})
+    assert v.cause == cause, v.evidence
+
+
+def test_probe_arms_are_planned_from_the_candidate():
+    from infra.arms import plan_arms
+    from infra.config import load_profile
+
+    cfg = load_profile("demo", {"drafter": "smol-eagle3", "control": "smol-eagle3-scrambled",
+                                "probes": ["k_sweep", "graphs", "raw_prompts", "control_mapping"]})
+    arms = {a.name: a for a in plan_arms(cfg)}
+    assert [arms[f"smol-eagle3@k={k}"].spec.num_speculative_tokens for k in (1, 2, 4, 6)] == [1, 2, 4, 6]
+    assert "--enforce-eager" not in arms["smol-eagle3@graphs"].target_args
+    assert arms["smol-eagle3@raw"].endpoint == "completions"
+    assert arms["smol-eagle3@control-mapping"].mapping_from == "embedded:smol-eagle3-scrambled"
+    assert {a.role for a in arms.values() if "@" in a.name} == {"probe"}
