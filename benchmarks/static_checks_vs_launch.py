@@ -1,10 +1,10 @@
 """How long the static checks take to flag a scrambled d2t, next to a server launch on the same machine.
 
     python benchmarks/static_checks_vs_launch.py
-Both measured in this one run: an EAGLE-3 head for SmolLM2 with a scrambled d2t is checked statically,
-then the embedded vLLM CPU server is launched and timed to healthy (and stopped).
+Both measured in this one run: the demo EAGLE-3 drafter for SmolLM2 (trained by the project) with its d2t
+scrambled is checked statically, then the embedded vLLM CPU server is launched with that drafter and timed to
+healthy (and stopped): the launch the static checks save.
 """
-import json
 import subprocess
 import sys
 import tempfile
@@ -14,7 +14,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from infra import embedded, vllm  # noqa: E402
-from infra.eagle3 import make_eagle3  # noqa: E402
 from infra.executor import LocalExecutor  # noqa: E402
 from tasks.health import wait_healthy  # noqa: E402
 from tasks.inspect import inspect_drafter  # noqa: E402
@@ -23,9 +22,8 @@ from tasks.launch import Server  # noqa: E402
 
 def main() -> None:
     target = embedded.target_model()
-    target_cfg = json.loads((target / "config.json").read_text())
+    head = embedded.resolve("embedded:smol-eagle3-scrambled")
     with tempfile.TemporaryDirectory() as tmp:
-        head = make_eagle3(Path(tmp) / "scrambled", target_cfg, draft_vocab=8192, fault="scrambled_d2t")
         start = time.monotonic()
         findings = inspect_drafter.fn(str(head), "eagle3", str(target))
         static_s = time.monotonic() - start
@@ -40,7 +38,7 @@ def main() -> None:
         ex = LocalExecutor()
         argv = vllm.server_argv(embedded.engine_python(), str(target), 8099, ["--enforce-eager", "--dtype",
                                 "bfloat16", "--max-model-len", "2048", "--distributed-executor-backend", "uni"],
-                                None, None)
+                                {"method": "eagle3", "model": head, "num_speculative_tokens": 3}, None)
         proc = ex.launch(argv, vllm.server_env({"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "auto"}),
                          str(Path(tmp) / "server.log"))
         try:

@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from prefect import flow
 
 from infra import vllm
-from infra.arms import Arm, plan_server
+from infra.arms import Arm, local_dir, plan_server
 from infra.config import Profile
 from infra.executor import executor_for
+from infra.hostlock import host_lock
 from infra.tracking import Tracker
 from tasks.bench import benchmark, warmup
 from tasks.cleanup import cleanup
@@ -22,24 +24,28 @@ from tasks.teardown import teardown
 
 @flow(name="arm", flow_run_name="arm-{arm.name}", log_prints=True)
 def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, parent_run_id: str,
-            workdir: str, prompts: list[str]) -> ArmResult:
+            workdir: str, prompts: list[str], offline: dict[str, float] | None = None) -> ArmResult:
     tracker = Tracker(tracking_uri)
     tags = {"specdiag.kind": "arm", "specdiag.arm": arm.name, "specdiag.drafter": arm.drafter or "none",
-            "specdiag.role": arm.role}
-    result = ArmResult(arm.name, arm.role, tracker.start(experiment_id, arm.name, tags, parent=parent_run_id))
-    ev, server, params, start = ArmEvidence(), None, {}, time.monotonic()
-    executor = executor_for(cfg.host.kind)
+            "specdiag.role": arm.role, "specdiag.probe": arm.probe or "none"}
+    result = ArmResult(arm.name, arm.role, tracker.start(experiment_id, arm.name, tags, parent=parent_run_id),
+                       probe=arm.probe)
+    bench_cfg = cfg.bench.model_copy(update={"endpoint": arm.endpoint}) if arm.endpoint else cfg.bench
+    ev, server, params, start = ArmEvidence(metrics=dict(offline or {})), None, {}, time.monotonic()
+    executor, held = executor_for(cfg.host), ExitStack()
     try:
-        plan = plan_server(cfg, arm, Path(workdir))
+        # one server per host at a time, across flow runs: queued here, held until teardown
+        ev.metrics["host_lock_wait_s"] = held.enter_context(host_lock(cfg.host))
+        plan = plan_server(cfg, arm, workdir)
         params, ev.log_path = plan.params, plan.log_path
         ev.metrics.update(cleanup(executor, cfg.host))
         server = launch_server(plan, executor)
         ev.server_cmd = server.process.command
         ev.metrics["server_ready_s"] = wait_healthy(server, cfg.health_timeout_s)
         bench_start = time.monotonic()
-        warmup(server.base_url, cfg.bench, prompts[:cfg.bench.warmup])
+        warmup(server.base_url, bench_cfg, prompts[:cfg.bench.warmup])
         ev.before = scrape(server)
-        ev.bench = benchmark(server.base_url, cfg.bench, prompts[cfg.bench.warmup:])
+        ev.bench = benchmark(server.base_url, bench_cfg, prompts[cfg.bench.warmup:])
         ev.after = scrape(server)
         ev.metrics["bench_s"] = time.monotonic() - bench_start
         ev.metrics.update(counter_metrics(arm.name, ev.before, ev.after, speculative=arm.spec is not None))
@@ -51,19 +57,31 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
     finally:
         if server is not None:
             try:
-                teardown(server)
+                ev.metrics["shm_files_removed"] = teardown(server)
             except Exception as exc:
                 result.ok, result.error = False, f"{result.error}\nteardown: {exc}".strip()
+        held.close()  # the host is free for the next server
         log_text = executor.read_tail(ev.log_path, 1 << 20) if ev.log_path else ""
         ev.engine_version = vllm.parse_engine_version(log_text) or ""
         if ev.before:
             ev.metrics.update(log_crosscheck(executor, ev.log_path, ev.before))
+        if ev.log_path and executor.host != "local":  # the log lands in MLflow from a local copy
+            ev.log_path = str(_fetch(executor, ev.log_path, local_dir(parent_run_id)))
         if ev.bench:
             ev.metrics.update(ev.bench.summary())
             result.request_tok_s = ev.bench.request_tok_s()
         ev.metrics["arm_wall_s"] = time.monotonic() - start
         ev.metrics["overhead_s"] = ev.metrics["arm_wall_s"] - ev.metrics.get("server_ready_s", 0.0) \
-            - ev.metrics.get("bench_s", 0.0)
+            - ev.metrics.get("bench_s", 0.0) - ev.metrics.get("host_lock_wait_s", 0.0)
         result.metrics = ev.metrics
         record_arm(tracker, result, params, ev)
+        executor.close()
     return result
+
+
+def _fetch(executor, path: str, dest_dir: Path) -> Path:
+    try:
+        return executor.fetch(path, dest_dir / Path(path).name)
+    except Exception as exc:  # a log that cannot be fetched must not hide what was measured
+        print(f"could not fetch {path} from {executor.host}: {exc}")
+        return dest_dir / Path(path).name

@@ -22,6 +22,7 @@ from infra.tracking import Tracker
 from tasks.bench import load_prompts
 from tasks.compare import compare
 from tasks.inspect import findings_markdown, inspect_arms
+from tasks.offline import offline_eval
 from tasks.plots import plots
 from tasks.record import ArmResult
 from tasks.verdict import verdict
@@ -48,10 +49,12 @@ def diagnose(profile: str = "demo", drafter: str | None = None, control: str | N
     tracker.params(parent, {"profile": cfg.name, "arms": ",".join(a.name for a in plan),
                             "profile_json": cfg.model_dump_json()})
     with tracker.terminated(parent):
-        findings = inspect_arms(resolved_target(cfg), resolved_drafters(plan))  # seconds, before any server
+        target, drafters, workdir = resolved_target(cfg), resolved_drafters(plan), run_dir(cfg, parent)
+        findings = inspect_arms(target, drafters)  # seconds, before any server
         tracker.text(parent, findings_markdown(findings), "static_checks.md")
-        workdir = run_dir(cfg, parent)
-        results = [run_arm(cfg, arm, tracker.uri, experiment, parent, str(workdir), prompts) for arm in plan]
+        offline = offline_eval(cfg, drafters, target, prompts[cfg.bench.warmup:], workdir, tracker, parent)
+        results = [run_arm(cfg, arm, tracker.uri, experiment, parent, workdir, prompts, offline.get(arm.name))
+                   for arm in drafters]
         table = compare(tracker, parent, results)
         decision = verdict(tracker, parent, results, findings)
         plots(tracker, parent, results)

@@ -20,12 +20,13 @@ from tasks.inspect import inspect_drafter  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="inspect_drafter", description=__doc__.split("\n\n")[0])
-    p.add_argument("path", help="drafter checkpoint folder (EAGLE-3 head or draft model)")
+    p.add_argument("path", help="drafter checkpoint folder (EAGLE-3 head or draft model), or embedded:NAME")
     p.add_argument("--target", required=True, help="target model folder (or embedded:smollm2)")
     p.add_argument("--control", help="a known-good drafter to compare with")
     args = p.parse_args(argv)
     try:
-        target = embedded.resolve(args.target)
+        target, args.path = embedded.resolve(args.target), embedded.resolve(args.path)
+        args.control = embedded.resolve(args.control) if args.control else None
         if not (Path(target) / "config.json").exists():
             raise SpecdiagError(f"target {target} is not a model folder (no config.json)")
         method = infer_method(Path(args.path))

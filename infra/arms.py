@@ -7,14 +7,15 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from infra import embedded, vllm
+from infra.eagle3 import with_mapping
 from infra.executor import LocalExecutor
 from infra.config import PROJECT_ROOT, DrafterConfig, Profile, SpecdiagError
 
-Role = Literal["baseline", "candidate", "control", "extra"]
+Role = Literal["baseline", "candidate", "control", "extra", "probe"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,10 @@ class Arm:
     role: Role
     drafter: str | None  # registry name, a checkpoint path, or None for the baseline
     spec: DrafterConfig | None
+    probe: str = ""  # the probe that derived this arm from the candidate
+    endpoint: str | None = None  # benchmark endpoint for this arm only (raw_prompts probe)
+    target_args: tuple[str, ...] | None = None  # server arguments for this arm only (graphs probe)
+    mapping_from: str | None = None  # take d2t/t2d from this checkpoint (control_mapping probe)
 
 
 @dataclass(frozen=True)
@@ -87,11 +92,39 @@ def plan_arms(profile: Profile) -> list[Arm]:
     if profile.control:
         arms.append(resolve_arm(profile, profile.control, "control"))
     arms += [resolve_arm(profile, ref, "extra") for ref in profile.arms]
+    arms += probe_arms(profile, arms[1], arms[2] if profile.control else None)
     names = [a.name for a in arms]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise SpecdiagError(f"arm(s) {', '.join(dupes)} appear twice: each arm must be distinct")
     return arms
+
+
+def probe_arms(profile: Profile, cand: Arm, ctrl: Arm | None) -> list[Arm]:
+    """The candidate again with one thing changed, so that one measured difference names one cause."""
+    out = []
+    for probe in profile.probes:
+        if probe == "k_sweep":
+            out += [Arm(f"{cand.name}@k={k}", "probe", cand.drafter, cand.spec.model_copy(
+                update={"num_speculative_tokens": k}), probe) for k in profile.k_sweep
+                if k != cand.spec.num_speculative_tokens]
+        elif probe == "graphs":  # CUDA graphs / torch.compile on or off, everything else equal
+            eager = "--enforce-eager" in profile.target.args
+            args = [a for a in profile.target.args if a != "--enforce-eager"] if eager \
+                else [*profile.target.args, "--enforce-eager"]
+            out.append(Arm(f"{cand.name}@{'graphs' if eager else 'eager'}", "probe", cand.drafter, cand.spec,
+                           probe, target_args=tuple(args)))
+        elif probe == "raw_prompts":  # the same prompts without (or with) the chat template
+            other = "completions" if profile.bench.endpoint == "chat" else "chat"
+            out.append(Arm(f"{cand.name}@{'raw' if other == 'completions' else 'chat'}", "probe", cand.drafter,
+                           cand.spec, probe, endpoint=other))
+        elif probe == "control_mapping":
+            if not ctrl or cand.spec.method != "eagle3" or ctrl.spec.method != "eagle3":
+                raise SpecdiagError("probe control_mapping swaps in the control's d2t/t2d: it needs an EAGLE-3 "
+                                    "candidate and an EAGLE-3 control (--control)")
+            out.append(Arm(f"{cand.name}@control-mapping", "probe", cand.drafter, cand.spec, probe,
+                           mapping_from=ctrl.spec.model))
+    return out
 
 
 def _check_local_path(ref: str, what: str) -> None:
@@ -107,8 +140,9 @@ def validate_local_inputs(profile: Profile, arms: list[Arm]) -> None:
     for arm in arms:
         if arm.spec and arm.spec.model and not arm.spec.model.startswith("embedded:"):
             _check_local_path(arm.spec.model, f"drafter {arm.name!r}")
-    if profile.engine.python and "/" in profile.engine.python and not Path(profile.engine.python).exists():
-        raise SpecdiagError(f"engine.python {profile.engine.python} does not exist")
+    python = profile.engine_python
+    if python and "/" in python and not Path(python).exists():
+        raise SpecdiagError(f"engine python {python} does not exist (engine.python or hosts.<name>.python)")
     if not LocalExecutor().port_free(profile.target.port):
         raise SpecdiagError(f"port {profile.target.port} is already in use on this machine: stop what holds it "
                             f"(`fuser {profile.target.port}/tcp` shows it) or pick another with --port")
@@ -119,28 +153,47 @@ def resolved_target(profile: Profile) -> str:
 
 
 def resolved_drafters(arms: list[Arm]) -> list[Arm]:
-    """The arms with 'embedded:' drafter references built and replaced by their paths."""
-    return [replace(a, spec=a.spec.model_copy(update={"model": embedded.resolve(a.spec.model)}))
-            if a.spec and a.spec.model else a for a in arms]
+    """The arms with 'embedded:' drafter references built and replaced by their paths (and probe checkpoints made)."""
+    out = []
+    for a in arms:
+        if a.spec and a.spec.model:
+            model = embedded.resolve(a.spec.model)
+            if a.mapping_from:
+                model = str(with_mapping(Path(model), Path(embedded.resolve(a.mapping_from))))
+            a = replace(a, spec=a.spec.model_copy(update={"model": model}), mapping_from=None)
+        out.append(a)
+    return out
 
 
-def run_dir(profile: Profile, diagnosis_id: str) -> Path:
-    base = Path(profile.host.workdir)
-    base = base if base.is_absolute() else PROJECT_ROOT / base
-    return base / diagnosis_id
+def run_dir(profile: Profile, diagnosis_id: str) -> str:
+    """Where this diagnosis's server logs go on the host (a remote host resolves a relative one in the login dir)."""
+    base = PurePosixPath(profile.host.workdir)
+    if profile.host.kind == "local" and not base.is_absolute():
+        base = PurePosixPath(PROJECT_ROOT) / base
+    return str(base / diagnosis_id)
 
 
-def plan_server(profile: Profile, arm: Arm, workdir: Path) -> ServerPlan:
-    python = profile.engine.python or embedded.engine_python()
+def local_dir(diagnosis_id: str) -> Path:
+    """This machine's copy of a diagnosis's files (logs fetched from a remote host, offline-eval reports)."""
+    path = PROJECT_ROOT / "runs" / diagnosis_id
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def plan_server(profile: Profile, arm: Arm, workdir: str) -> ServerPlan:
+    python = profile.engine_python or embedded.engine_python()
     model = embedded.resolve(profile.target.model)
     drafter_path = embedded.resolve(arm.spec.model) if arm.spec and arm.spec.model else None
     spec_cfg = arm.spec.speculative_config(drafter_path) if arm.spec else None
-    argv = vllm.server_argv(python, model, profile.target.port, profile.target.args, spec_cfg,
+    args = list(arm.target_args) if arm.target_args is not None else profile.target.args
+    argv = vllm.server_argv(python, model, profile.target.port, args, spec_cfg,
                             profile.target.served_model_name)
-    env = vllm.server_env(profile.engine.env)
+    env = vllm.server_env({**profile.engine.env, **(arm.spec.engine_env if arm.spec else {})})
     safe = re.sub(r"[^\w.-]", "_", arm.name)
     params = {
         "arm_role": arm.role,
+        "probe": arm.probe or "none",
+        "bench_endpoint": arm.endpoint or profile.bench.endpoint,
         "spec_method": arm.spec.method if arm.spec else "none",
         "num_speculative_tokens": str(arm.spec.num_speculative_tokens if arm.spec else 0),
         "drafter_path": drafter_path or "none",
@@ -148,4 +201,7 @@ def plan_server(profile: Profile, arm: Arm, workdir: Path) -> ServerPlan:
         "target_model": model,
         "host": profile.host.name,
     }
-    return ServerPlan(arm.name, argv, env, profile.target.port, str(workdir / f"{safe}.server.log"), params)
+    if arm.spec and arm.spec.engine_env:
+        params["engine_env"] = json.dumps(arm.spec.engine_env, sort_keys=True)
+    return ServerPlan(arm.name, argv, env, profile.target.port, str(PurePosixPath(workdir) / f"{safe}.server.log"),
+                      params)

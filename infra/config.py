@@ -34,9 +34,11 @@ class DrafterConfig(_Strict):
     model: str | None = None
     num_speculative_tokens: int = Field(default=4, ge=1, le=32)
     extra: dict[str, Any] = Field(default_factory=dict)
+    # Environment for this arm's server only, e.g. an engine-side patch switched on for one arm.
+    engine_env: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _check(self) -> "DrafterConfig":
+    def _check_drafter(self) -> "DrafterConfig":
         known = SPEC_METHODS_WITHOUT_MODEL + SPEC_METHODS_WITH_MODEL
         if self.method not in known:
             raise ValueError(f"unknown speculative method {self.method!r}; known: {', '.join(known)}")
@@ -69,13 +71,37 @@ class EngineConfig(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
 
 
+class JumpHost(_Strict):
+    address: str
+    port: int = 22
+    user: str = "root"
+    key_file: str | None = None
+
+
 class HostConfig(_Strict):
+    """Where servers run: this machine, or a GPU host over SSH. Same flow either way; only the executor differs."""
+
     name: str = "local"
-    kind: Literal["local"] = "local"
-    workdir: str = "runs"  # server logs, relative to the project root when not absolute
+    kind: Literal["local", "ssh"] = "local"
+    address: str | None = None  # ssh: host name or IP
+    port: int = Field(default=22, ge=1, le=65535)
+    user: str = "root"
+    key_file: str | None = None  # None: the default keys in ~/.ssh
+    known_hosts: str = "~/.ssh/known_hosts"
+    accept_unknown_host_keys: bool = False  # explicit opt-in; unknown keys are refused by default
+    jump: JumpHost | None = None  # a bastion to go through (ssh -J)
+    connect_timeout_s: float = Field(default=15.0, gt=0)
+    python: str | None = None  # the interpreter with vLLM on this host; overrides engine.python
+    workdir: str = "runs"  # server logs; relative to the project root (local) or the login directory (ssh)
     gpu_memory_free_mib: int = 1024  # cleanup counts a GPU as free under this much used memory
     gpus: list[int] | None = None  # GPUs the server uses; None = all
     stop_any_gpu_process: bool = False  # opt in: cleanup may stop processes this tool did not start
+
+    @model_validator(mode="after")
+    def _check(self) -> "HostConfig":
+        if self.kind == "ssh" and not self.address:
+            raise ValueError(f"host {self.name!r} is kind ssh: set its address")
+        return self
 
 
 class BenchConfig(_Strict):
@@ -93,13 +119,35 @@ class Profile(_Strict):
     name: str
     target: TargetConfig
     engine: EngineConfig = Field(default_factory=EngineConfig)
-    host: HostConfig = Field(default_factory=HostConfig)
+    hosts: dict[str, HostConfig] = Field(default_factory=dict)  # the inventory; "local" is always there
+    host: HostConfig | str = Field(default_factory=HostConfig)  # a HostConfig, or a name from hosts
     bench: BenchConfig = Field(default_factory=BenchConfig)
     drafters: dict[str, DrafterConfig]
     drafter: str | None = None  # the candidate
     control: str | None = None  # the known-good control
     arms: list[str] = Field(default_factory=list)  # extra arms after candidate and control
     health_timeout_s: float = Field(default=300.0, gt=0)
+    # Offline drafter evaluation (no server): for EAGLE-3 arms, all drafter arms, or none.
+    offline_eval: Literal["eagle3", "all", "none"] = "eagle3"
+    # Probe arms derived from the candidate (see infra/arms.py: probe_arms), each one more server launch.
+    probes: list[Literal["k_sweep", "graphs", "raw_prompts", "control_mapping"]] = Field(default_factory=list)
+    k_sweep: list[int] = Field(default_factory=lambda: [1, 2, 4, 6])
+
+    @model_validator(mode="after")
+    def _pick_host(self) -> "Profile":
+        for name, h in self.hosts.items():
+            if h.name != name:
+                self.hosts[name] = h.model_copy(update={"name": name})
+        self.hosts.setdefault("local", HostConfig())
+        if isinstance(self.host, str):
+            if self.host not in self.hosts:
+                raise ValueError(f"unknown host {self.host!r}; known hosts: {', '.join(sorted(self.hosts))}")
+            self.host = self.hosts[self.host]
+        return self
+
+    @property
+    def engine_python(self) -> str | None:
+        return self.host.python or self.engine.python
 
 
 def known_profiles() -> list[str]:

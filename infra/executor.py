@@ -42,8 +42,10 @@ class Executor(Protocol):
     def read_tail(self, path: str, max_bytes: int = 16_384) -> str: ...
     def read_from(self, path: str, offset: int) -> tuple[str, int]: ...
     def fetch(self, path: str, dest: Path) -> Path: ...
+    def put(self, local: Path, path: str) -> str: ...
     def port_free(self, port: int) -> bool: ...
     def base_url(self, port: int) -> str: ...
+    def close(self) -> None: ...
 
 
 def shell_command(argv: list[str], env: dict[str, str]) -> str:
@@ -151,6 +153,15 @@ class LocalExecutor:
         shutil.copyfile(path, dest)
         return dest
 
+    def put(self, local: Path, path: str) -> str:
+        if Path(path).resolve() != Path(local).resolve():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(local, path)
+        return path
+
+    def close(self) -> None:
+        pass
+
     def port_free(self, port: int) -> bool:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -164,7 +175,10 @@ class LocalExecutor:
         return f"http://127.0.0.1:{port}"
 
 
-def executor_for(host_kind: str) -> Executor:
-    if host_kind == "local":
+def executor_for(host) -> Executor:
+    """The executor for a HostConfig: this machine, or the host over SSH."""
+    if host.kind == "local":
         return LocalExecutor()
-    raise ValueError(f"no executor for host kind {host_kind!r}")
+    from infra.ssh import SshExecutor
+
+    return SshExecutor(host)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra import gpu, registry
+from infra import gpu, registry, shm
 from infra.config import HostConfig, SpecdiagError
 from infra.executor import Executor
 
@@ -21,6 +21,8 @@ def cleanup(executor: Executor, host: HostConfig, timeout_s: float = 60.0) -> di
             stale.append(entry["pgid"])
         registry.forget(entry["pid"], executor.host)
     out = {"stale_servers_stopped": float(len(stale))}
+    if stale:  # what the dead servers left in /dev/shm, now that nothing maps it
+        out["shm_files_removed"] = float(len(shm.remove_unused(executor, shm.listing(executor))))
     if not executor.which("nvidia-smi"):
         print(f"no GPU on {executor.host} (no nvidia-smi): skipping the GPU memory check")
         return out

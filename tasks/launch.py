@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from infra import shm
 from infra.config import SpecdiagError
 from infra.arms import ServerPlan
 from infra.executor import Executor, Launched
@@ -18,6 +19,7 @@ class Server:
     process: Launched
     base_url: str
     executor: Executor
+    shm_before: frozenset[str] = frozenset()  # /dev/shm names that existed before it started
 
 
 @task(name="launch", cache_policy=NO_CACHE)
@@ -26,7 +28,8 @@ def launch_server(plan: ServerPlan, executor: Executor) -> Server:
         raise SpecdiagError(
             f"port {plan.port} on {executor.host} is already in use: stop what holds it "
             f"(e.g. `fuser -k {plan.port}/tcp`) or pick another with --port")
+    shm_before = frozenset(shm.listing(executor))
     process = executor.launch(plan.argv, plan.env, plan.log_path)
     remember(process.pid, process.pgid, plan.arm, executor.host, process.command)
     print(f"[{plan.arm}] launched pid {process.pid}: {process.command}")
-    return Server(plan.arm, process, executor.base_url(plan.port), executor)
+    return Server(plan.arm, process, executor.base_url(plan.port), executor, shm_before)

@@ -20,6 +20,7 @@ class ArmResult:
     error: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     request_tok_s: list[float] = field(default_factory=list)  # per measured request, for intervals
+    probe: str = ""  # the probe that derived this arm from the candidate, if any
 
 
 @dataclass
