@@ -1,25 +1,7 @@
-"""End-to-end fixtures: a real Prefect server, a real MLflow store, real vLLM CPU servers."""
-import os
+"""End-to-end fixtures: real vLLM CPU servers, and proof that none is left behind."""
 import subprocess
 
 import pytest
-
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-
-
-@pytest.fixture(scope="session")
-def prefect_server():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
-@pytest.fixture
-def mlflow_uri(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    return uri
 
 
 @pytest.fixture
