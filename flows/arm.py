@@ -18,7 +18,7 @@ from tasks.cleanup import cleanup
 from tasks.health import wait_healthy
 from tasks.launch import launch_server
 from tasks.record import ArmEvidence, ArmResult, record_arm
-from tasks.scrape import counter_metrics, log_crosscheck, scrape
+from tasks.scrape import counter_metrics, log_crosscheck, scrape, spec_window
 from tasks.teardown import teardown
 
 
@@ -45,7 +45,8 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
         bench_start = time.monotonic()
         warmup(server.base_url, bench_cfg, prompts[:cfg.bench.warmup])
         ev.before = scrape(server)
-        ev.bench = benchmark(server.base_url, bench_cfg, prompts[cfg.bench.warmup:])
+        ev.bench = benchmark(server.base_url, bench_cfg, prompts[cfg.bench.warmup:],
+                             spec_window(server, ev.before) if arm.spec else None)
         ev.after = scrape(server)
         ev.metrics["bench_s"] = time.monotonic() - bench_start
         ev.metrics.update(counter_metrics(arm.name, ev.before, ev.after, speculative=arm.spec is not None))

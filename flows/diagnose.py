@@ -19,7 +19,7 @@ from flows.arm import run_arm
 from infra.arms import plan_arms, resolved_drafters, resolved_target, run_dir, validate_local_inputs
 from infra.config import SpecdiagError, load_profile
 from infra.tracking import Tracker
-from tasks.bench import load_prompts
+from infra.promptsets import load as load_prompts
 from tasks.compare import compare
 from tasks.inspect import findings_markdown, inspect_arms
 from tasks.offline import offline_eval

@@ -113,6 +113,15 @@ class BenchConfig(_Strict):
     concurrency: int = Field(default=1, ge=1)
     endpoint: Literal["chat", "completions"] = "chat"
     request_timeout_s: float = Field(default=300.0, gt=0)
+    request_rate: float | None = Field(default=None, gt=0)  # Poisson arrivals (req/s); None = back to back
+    # Early stop: end the measured window once acceptance and tok/s are known to the precision the verdict needs
+    # (num_prompts is then the cap), or a budget is spent.
+    early_stop: bool = False
+    acceptance_half_width: float = Field(default=0.05, gt=0)  # Wilson, n = drafts
+    tok_s_rel_half_width: float = Field(default=0.10, gt=0)  # t-interval half-width / mean, per-request tok/s
+    min_requests: int = Field(default=3, ge=2)
+    max_output_tokens: int | None = Field(default=None, ge=1)  # token budget for the measured window
+    max_bench_s: float | None = Field(default=None, gt=0)  # time budget for the measured window
 
 
 class Profile(_Strict):

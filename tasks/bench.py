@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -16,10 +16,8 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra.config import BenchConfig, SpecdiagError
-
-PROMPTS_DIR = Path(__file__).resolve().parents[1] / "infra" / "prompts"
-
+from infra.config import BenchConfig
+from tasks.earlystop import Progress, should_stop
 
 @dataclass
 class RequestRecord:
@@ -31,6 +29,7 @@ class RequestRecord:
     ttft_ms: float = float("nan")
     tpot_ms: float = float("nan")
     e2e_ms: float = float("nan")
+    start_s: float = float("nan")  # when it was sent, from the start of the window
     itl_ms: list[float] = field(default_factory=list)
 
 
@@ -38,6 +37,7 @@ class RequestRecord:
 class BenchResult:
     records: list[RequestRecord]
     duration_s: float
+    stop_reason: str = ""  # why the early stop ended the window, if it did
 
     def frame(self) -> pd.DataFrame:
         rows = [{**asdict(r), "itl_ms": json.dumps([round(x, 3) for x in r.itl_ms])} for r in self.records]
@@ -51,7 +51,8 @@ class BenchResult:
         tokens = sum(r.completion_tokens for r in ok)
         out = {"requests_ok": float(len(ok)), "requests_failed": float(len(self.records) - len(ok)),
                "output_tokens": float(tokens), "bench_duration_s": self.duration_s,
-               "output_tok_s": tokens / self.duration_s if self.duration_s > 0 else 0.0}
+               "output_tok_s": tokens / self.duration_s if self.duration_s > 0 else 0.0,
+               "early_stopped": float(bool(self.stop_reason))}
         for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
             values = np.array([getattr(r, name) for r in ok], dtype=float)
             values = values[~np.isnan(values)]
@@ -63,25 +64,6 @@ class BenchResult:
             out["itl_ms_p50"] = float(np.percentile(itl, 50))
             out["itl_ms_p99"] = float(np.percentile(itl, 99))
         return out
-
-
-def load_prompts(spec: str, count: int) -> list[str]:
-    """A shipped set name (infra/prompts/<name>.jsonl) or a JSONL path with {"prompt": ...} per line."""
-    path = Path(spec) if spec.endswith(".jsonl") else PROMPTS_DIR / f"{spec}.jsonl"
-    if not path.exists():
-        shipped = ", ".join(sorted(p.stem for p in PROMPTS_DIR.glob("*.jsonl")))
-        raise SpecdiagError(f"prompt set {spec!r} not found; shipped sets: {shipped} (or a .jsonl path)")
-    prompts = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            prompts.append(str(json.loads(line)["prompt"]))
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise SpecdiagError(f"{path}:{n}: expected a JSON object with a 'prompt' key") from None
-    if not prompts:
-        raise SpecdiagError(f"{path} holds no prompts")
-    return [prompts[i % len(prompts)] for i in range(count)]
 
 
 def _payload(cfg: BenchConfig, model: str, prompt: str, max_tokens: int) -> tuple[str, dict]:
@@ -130,19 +112,32 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict, record: RequestR
     return record
 
 
-async def _run(base_url: str, cfg: BenchConfig, model: str, prompts: list[str], max_tokens: int) -> BenchResult:
+async def _run(base_url: str, cfg: BenchConfig, model: str, prompts: list[str], max_tokens: int,
+               stop_check: Callable[[list[RequestRecord], float], str] | None = None) -> BenchResult:
+    """`cfg.concurrency` workers take prompts in order; with `request_rate`, request i starts no earlier than its
+    Poisson arrival time; with `stop_check`, no new request starts once it gives a reason to stop."""
     limits = httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency)
     timeout = httpx.Timeout(cfg.request_timeout_s, connect=10.0)
-    sem = asyncio.Semaphore(cfg.concurrency)
+    arrivals = np.cumsum(np.random.default_rng(0).exponential(1 / cfg.request_rate, len(prompts))) \
+        if cfg.request_rate else np.zeros(len(prompts))
+    queue, records, stop = iter(enumerate(prompts)), [], {"reason": ""}
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
-        async def bounded(i: int, prompt: str) -> RequestRecord:
-            async with sem:
-                url, body = _payload(cfg, model, prompt, max_tokens)
-                return await _one(client, url, body, RequestRecord(i))
-
         start = time.perf_counter()
-        records = await asyncio.gather(*(bounded(i, p) for i, p in enumerate(prompts)))
-        return BenchResult(list(records), time.perf_counter() - start)
+
+        async def worker() -> None:
+            for i, prompt in queue:
+                if stop["reason"]:
+                    return
+                delay = start + arrivals[i] - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                url, body = _payload(cfg, model, prompt, max_tokens)
+                records.append(await _one(client, url, body, RequestRecord(i, start_s=time.perf_counter() - start)))
+                if stop_check and not stop["reason"]:
+                    stop["reason"] = await asyncio.to_thread(stop_check, list(records), time.perf_counter() - start)
+
+        await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
+        return BenchResult(sorted(records, key=lambda r: r.index), time.perf_counter() - start, stop["reason"])
 
 
 def served_model(base_url: str) -> str:
@@ -158,8 +153,19 @@ def warmup(base_url: str, cfg: BenchConfig, prompts: list[str]) -> None:
 
 
 @task(name="benchmark", cache_policy=NO_CACHE)
-def benchmark(base_url: str, cfg: BenchConfig, prompts: list[str]) -> BenchResult:
-    result = asyncio.run(_run(base_url, cfg, served_model(base_url), prompts, cfg.max_tokens))
+def benchmark(base_url: str, cfg: BenchConfig, prompts: list[str],
+              spec_so_far: Callable[[], tuple[float, float]] | None = None) -> BenchResult:
+    """spec_so_far: (drafts, acceptance rate) of the window so far, for the early stop; None without spec decode."""
+    def stop_check(records: list[RequestRecord], elapsed: float) -> str:
+        ok = [r for r in records if r.ok]
+        drafts, rate = spec_so_far() if spec_so_far else (None, 0.0)
+        return should_stop(cfg, Progress(len(ok), sum(r.completion_tokens for r in ok), elapsed,
+                                         BenchResult(ok, elapsed).request_tok_s(), drafts, rate))
+
+    result = asyncio.run(_run(base_url, cfg, served_model(base_url), prompts, cfg.max_tokens,
+                              stop_check if cfg.early_stop else None))
+    if result.stop_reason:
+        print(f"early stop after {len(result.records)} of {len(prompts)} requests: {result.stop_reason}")
     failed = [r for r in result.records if not r.ok]
     if failed:
         raise BenchmarkFailed(result, f"{len(failed)} of {len(result.records)} requests failed; "

@@ -31,6 +31,15 @@ def scrape(server: Server) -> Snapshot:
     return Snapshot(resp.text, vllm.parse_metrics(resp.text), offset)
 
 
+def spec_window(server: Server, before: Snapshot):
+    """A callable giving (drafts, acceptance rate) since `before`: the early stop reads it mid-window."""
+    def so_far() -> tuple[float, float]:
+        text = httpx.get(f"{server.base_url}/metrics", timeout=10.0).text
+        delta = vllm.parse_metrics(text) - before.counters
+        return delta.num_drafts, (delta.num_accepted_tokens / delta.num_draft_tokens if delta.num_draft_tokens else 0.0)
+    return so_far
+
+
 def counter_metrics(arm: str, before: Snapshot, after: Snapshot, speculative: bool) -> dict[str, float]:
     """Spec-decode counter deltas over the measured window; refuses to report a silent 0%."""
     if speculative and not after.counters.present:

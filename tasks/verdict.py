@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
-from scipy import stats
 
+from infra.stats import mean_interval, wilson
 from infra.tracking import Tracker
 from tasks.inspect import Finding
 from tasks.record import ArmResult
@@ -43,28 +42,9 @@ class Verdict:
         return "\n".join(lines + ([f"\nNext: {self.next_step}"] if self.next_step else []))
 
 
-def wilson(successes: float, n: float, z: float = 1.96) -> tuple[float, float]:
-    if n <= 0:
-        return 0.0, 1.0
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def acceptance_interval(m: dict[str, float]) -> tuple[float, float]:
     drafts = m.get("num_drafts", 0.0)
     return wilson(m.get("acceptance_rate", 0.0) * drafts, drafts)
-
-
-def mean_interval(values: list[float]) -> tuple[float, float, float]:
-    """Mean and 95% t-interval of per-request throughputs (run-to-run noise)."""
-    v = np.asarray(values, dtype=float)
-    if v.size < 2:
-        return (float(v.mean()) if v.size else 0.0,) * 3
-    lo, hi = stats.t.interval(0.95, v.size - 1, loc=v.mean(), scale=stats.sem(v) or 1e-12)
-    return float(v.mean()), float(lo), float(hi)
 
 
 def offline_interval(m: dict[str, float]) -> tuple[float, float] | None:

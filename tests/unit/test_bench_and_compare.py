@@ -3,7 +3,8 @@ import json
 import pytest
 
 from infra.config import SpecdiagError
-from tasks.bench import BenchResult, RequestRecord, load_prompts
+from infra.promptsets import load as load_prompts
+from tasks.bench import BenchResult, RequestRecord
 from tasks.compare import comparison_table
 from tasks.record import ArmResult
 
@@ -35,7 +36,7 @@ def test_prompts_cycle_and_bad_sets_are_clear(tmp_path):
         load_prompts("nope", 1)
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"text": "x"}\n')
-    with pytest.raises(SpecdiagError, match="p.jsonl:1"):
+    with pytest.raises(SpecdiagError, match="p.jsonl: entry 1 has no .prompt."):
         load_prompts(str(bad), 1)
 
 

@@ -56,3 +56,17 @@ def test_bad_config_is_a_clear_error(sets, message):
 def test_speculative_config_shape():
     d = DrafterConfig(method="ngram", num_speculative_tokens=3, extra={"prompt_lookup_max": 4})
     assert d.speculative_config(None) == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+
+
+def test_host_inventory_picks_the_profiles_ssh_host():
+    p = load_profile("kimi-k25")
+    assert p.host.name == "gpu-box" and p.host.kind == "ssh" and p.host.gpus == list(range(8))
+    assert p.engine_python == "/opt/vllm/bin/python" and not p.host.accept_unknown_host_keys
+    assert load_profile("kimi-k25", sets=["host=local"]).host.kind == "local"
+
+
+def test_unknown_host_lists_the_inventory():
+    with pytest.raises(SpecdiagError, match="unknown host 'nope'; known hosts: gpu-box, local"):
+        load_profile("kimi-k25", sets=["host=nope"])
+    with pytest.raises(SpecdiagError, match="kind ssh: set its address"):
+        load_profile("demo", sets=["hosts.box={kind: ssh}", "host=box"])

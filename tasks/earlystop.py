@@ -1,0 +1,46 @@
+"""Early stop: end an arm's measured window once its numbers are as precise as the verdict needs.
+
+Sequential intervals, checked after every completed request: acceptance's Wilson interval over the drafts
+counted so far (the engine's counters, read mid-window) and per-request tok/s's t-interval. A token or time
+budget stops the window regardless. Checking after every request makes the nominal 95% slightly optimistic;
+the targets are set tighter than the verdict's margins to absorb that.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infra.config import BenchConfig
+from infra.stats import mean_interval, wilson
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the window has measured so far."""
+
+    requests_ok: int
+    output_tokens: int
+    elapsed_s: float
+    request_tok_s: list[float]
+    drafts: float | None = None  # None: no speculative decoding on this arm
+    accepted_rate: float = 0.0
+
+
+def should_stop(cfg: BenchConfig, p: Progress) -> str:
+    """'' to go on, else why the window can end now."""
+    if cfg.max_output_tokens and p.output_tokens >= cfg.max_output_tokens:
+        return f"token budget {cfg.max_output_tokens} reached"
+    if cfg.max_bench_s and p.elapsed_s >= cfg.max_bench_s:
+        return f"time budget {cfg.max_bench_s:.0f} s reached"
+    if p.requests_ok < cfg.min_requests:
+        return ""
+    mean, lo, hi = mean_interval(p.request_tok_s)
+    tok_rel = (hi - lo) / 2 / mean if mean > 0 else float("inf")
+    if tok_rel > cfg.tok_s_rel_half_width:
+        return ""
+    if p.drafts is None:
+        return f"tok/s known to +-{tok_rel:.0%} after {p.requests_ok} requests"
+    a_lo, a_hi = wilson(p.accepted_rate * p.drafts, p.drafts)
+    if (a_hi - a_lo) / 2 > cfg.acceptance_half_width:
+        return ""
+    return (f"acceptance known to +-{(a_hi - a_lo) / 2:.3f} over {p.drafts:.0f} drafts and tok/s to +-{tok_rel:.0%} "
+            f"after {p.requests_ok} requests")

@@ -1,0 +1,84 @@
+"""Load shapes and the early stop, with our real client against a real loopback streaming server."""
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from infra.config import BenchConfig
+from tasks.bench import BenchResult, RequestRecord, benchmark
+from tasks.earlystop import Progress, should_stop
+
+
+@pytest.fixture(scope="module")
+def null_server():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "infra.nullserver", "--port", str(port), "--tokens-per-s", "200"])
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            httpx.get(f"{url}/health", timeout=1)
+            break
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "null server did not start"
+            time.sleep(0.1)
+    yield url
+    proc.terminate()
+    proc.wait(5)
+
+
+def test_fixed_concurrency_counts_every_token_and_percentiles_are_numpys(null_server):
+    cfg = BenchConfig(max_tokens=20, concurrency=4)
+    result = benchmark.fn(null_server, cfg, ["hello"] * 12)
+    assert [r.completion_tokens for r in result.records] == [20] * 12
+    s = result.summary()
+    ttft = [r.ttft_ms for r in result.records]
+    assert s["ttft_ms_p50"] == pytest.approx(np.percentile(ttft, 50)) and s["ttft_ms_p99"] == pytest.approx(np.percentile(ttft, 99))
+    assert all(len(r.itl_ms) == 19 for r in result.records)
+    assert 3.0 < s["itl_ms_p50"] < 10.0  # 200 tokens/s per stream = 5 ms apart
+    starts = sorted(r.start_s for r in result.records)
+    assert starts[3] < 0.05 and starts[4] > 0.05  # four at once, the fifth after one finished (~100 ms)
+
+
+def test_poisson_arrivals_follow_the_rate(null_server):
+    cfg = BenchConfig(max_tokens=2, concurrency=16, request_rate=20.0)
+    result = benchmark.fn(null_server, cfg, ["hi"] * 30)
+    starts = np.array([r.start_s for r in result.records])
+    expected = np.cumsum(np.random.default_rng(0).exponential(1 / 20.0, 30))
+    assert np.all(starts >= expected - 1e-3) and np.all(starts < expected + 0.05)
+    assert 0.8 < 30 / starts[-1] / 20.0 < 1.6  # about 20 requests per second
+
+
+def test_early_stop_ends_the_window_once_precise(null_server):
+    cfg = BenchConfig(max_tokens=10, early_stop=True, min_requests=3)
+    result = benchmark.fn(null_server, cfg, ["hi"] * 40)
+    assert 3 <= len(result.records) < 10 and "tok/s known" in result.stop_reason
+    budget = BenchConfig(max_tokens=10, early_stop=True, max_output_tokens=50, tok_s_rel_half_width=1e-9)
+    assert len(benchmark.fn(null_server, budget, ["hi"] * 40).records) == 5
+
+
+def _progress(n=10, tok_s=(10.0, 10.1, 9.9, 10.0), drafts=None, rate=0.0):
+    return Progress(n, 100 * n, 5.0, list(tok_s) * 3, drafts, rate)
+
+
+def test_stop_rule_waits_for_both_intervals():
+    cfg = BenchConfig()
+    assert should_stop(cfg, _progress(n=2)) == ""  # fewer than min_requests
+    assert should_stop(cfg, _progress(tok_s=(5.0, 15.0, 8.0, 12.0))) == ""  # tok/s too noisy
+    assert "tok/s known" in should_stop(cfg, _progress())  # no spec decoding: tok/s is all there is
+    assert should_stop(cfg, _progress(drafts=40, rate=0.5)) == ""  # 0.5 over 40 drafts: +-0.15
+    assert "acceptance known" in should_stop(cfg, _progress(drafts=400, rate=0.5))  # +-0.049
+    assert "acceptance known" in should_stop(cfg, _progress(drafts=40, rate=0.0))  # near zero narrows fast
+    assert "token budget" in should_stop(BenchConfig(max_output_tokens=500), _progress(n=5, tok_s=(1.0, 50.0)))
+    assert "time budget" in should_stop(BenchConfig(max_bench_s=5), _progress(n=1))
+
+
+def test_failed_requests_do_not_count_toward_precision():
+    records = [RequestRecord(i, ok=i % 2 == 0, completion_tokens=10, e2e_ms=1000.0) for i in range(6)]
+    assert len(BenchResult(records, 1.0).request_tok_s()) == 3
