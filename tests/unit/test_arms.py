@@ -69,7 +69,7 @@ def test_kimi_server_command_is_the_seed_command(tmp_path):
     arm = plan_arms(p)[1]
     plan = plan_server(p, arm, tmp_path)
     argv = plan.argv
-    assert argv[0] == "python3" and argv[argv.index("--model") + 1] == "moonshotai/Kimi-K2.5"
+    assert argv[0] == "/opt/vllm/bin/python" and argv[argv.index("--model") + 1] == "moonshotai/Kimi-K2.5"
     assert argv[argv.index("--tensor-parallel-size") + 1] == "8"
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec == {"method": "eagle3", "model": "/data/eagle3/aq-medai-k2-drafter", "num_speculative_tokens": 5}
