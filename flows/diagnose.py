@@ -1,6 +1,7 @@
 """specdiag: why is speculative decoding disappointing? One controlled, tracked experiment per arm."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     except SpecdiagError as exc:
         print(f"specdiag: error: {exc}", file=sys.stderr)
         return 2
-    sets = args.sets + [f"{k}={v}" for k, v in over.items() if v is not None and "." in k]
+    sets = args.sets + [f"{k}={json.dumps(v)}" for k, v in over.items()
+                        if v is not None and k not in ("drafter", "control", "arms")]
     try:
         results = diagnose(args.profile, cfg.drafter, cfg.control, cfg.arms, sets)
     except SpecdiagError as exc:  # e.g. the engine environment could not be built

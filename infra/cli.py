@@ -10,6 +10,7 @@ EPILOG = """examples:
   python flows/diagnose.py --profile kimi-k25 --drafter aqmedai
   python flows/diagnose.py --drafter /path/to/eagle3-checkpoint --arms ngram --prompts 16
   python flows/diagnose.py --set bench.concurrency=4 --set target.port=8020
+  python flows/diagnose.py --drafter smol-eagle3 --control smol-self --probe raw_prompts --probe k_sweep
 
 Each arm is an MLflow child run under one parent run per diagnosis; see them with
   mlflow ui --backend-store-uri sqlite:///mlflow.db"""
@@ -26,6 +27,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--control", help="known-good control drafter (registry name or checkpoint folder)")
     p.add_argument("--no-control", action="store_true", help="run without a control arm")
     p.add_argument("--arms", nargs="*", default=None, metavar="DRAFTER", help="extra arms after the control")
+    p.add_argument("--probe", dest="probes", action="append", default=None,
+                   choices=["k_sweep", "graphs", "raw_prompts", "control_mapping"],
+                   help="add probe arms derived from the candidate (repeatable)")
+    p.add_argument("--host", help="run the servers on this host of the profile's inventory (e.g. over SSH)")
+    p.add_argument("--prompt-set", metavar="NAME|PATH", help="chat, math, code, long, or a JSONL / ShareGPT file")
+    p.add_argument("--early-stop", action="store_true", help="end each arm once its numbers are precise enough")
     p.add_argument("--prompts", type=int, metavar="N", help="number of measured prompts per arm")
     p.add_argument("--max-tokens", type=int, metavar="N", help="max output tokens per request")
     p.add_argument("--concurrency", type=int, metavar="N", help="concurrent streams (default 1)")
@@ -40,7 +47,8 @@ def overrides(args: argparse.Namespace) -> dict:
     """CLI flags as dotted profile keys; None means 'keep the profile's value'."""
     out = {"drafter": args.drafter, "control": args.control, "arms": args.arms,
            "bench.num_prompts": args.prompts, "bench.max_tokens": args.max_tokens,
-           "bench.concurrency": args.concurrency, "target.port": args.port}
+           "bench.concurrency": args.concurrency, "target.port": args.port, "probes": args.probes,
+           "host": args.host, "bench.prompts": args.prompt_set, "bench.early_stop": args.early_stop or None}
     if args.no_control:
         out["control"] = ""
     return out

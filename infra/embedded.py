@@ -177,19 +177,28 @@ def _add_noise(tensors: dict, gen) -> dict:
     return out
 
 
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
 def eagle3_drafter() -> Path:
-    """An EAGLE-3 head for SmolLM2 that actually predicts, trained by train_eagle3.py on the target's own answers."""
+    """An EAGLE-3 head for SmolLM2 that actually predicts, trained by train_eagle3.py on the target's own answers.
+
+    Shipped as a 15 MB fixture (infra/fixtures/smol-eagle3; its specdiag.json says how it was trained); without
+    the fixture it is trained here, once (~15 min on 2 cores)."""
     out = cache_dir() / "models" / "smol-eagle3"
     if (out / "model.safetensors").exists():
         return out
-    target, python = target_model(), engine_python()
     with _locked("smol-eagle3"):
         if not (out / "model.safetensors").exists():
             tmp = out.with_name("smol-eagle3.partial")
             shutil.rmtree(tmp, ignore_errors=True)
-            _step([python, str(ENGINE_SIDE / "train_eagle3.py"), str(target), str(tmp)],
-                  "training the demo EAGLE-3 drafter for SmolLM2 (greedy data, hidden states, training: "
-                  "~10 min on 2 cores, once)", env={"HF_HUB_OFFLINE": "1"})
+            if (FIXTURES / "smol-eagle3" / "model.safetensors").exists():
+                shutil.copytree(FIXTURES / "smol-eagle3", tmp)
+            else:
+                target, python = target_model(), engine_python()
+                _step([python, str(ENGINE_SIDE / "train_eagle3.py"), str(target), str(tmp)],
+                      "training the demo EAGLE-3 drafter for SmolLM2 (greedy data, hidden states, training: "
+                      "~15 min on 2 cores, once)", env={"HF_HUB_OFFLINE": "1"})
             tmp.rename(out)
     return out
 

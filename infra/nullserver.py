@@ -48,7 +48,7 @@ class NullServer:
 
     async def _stream(self, writer: asyncio.StreamWriter, req: dict, chat: bool) -> None:
         self.requests += 1
-        n = int(req.get("max_tokens") or 16)
+        n = int(req.get("max_completion_tokens") or req.get("max_tokens") or 16)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
         piece = {"delta": {"content": " tok"}} if chat else {"text": " tok"}
         event = b"data: " + json.dumps({"id": "x", "object": "chunk", "model": self.model,

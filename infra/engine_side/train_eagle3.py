@@ -183,6 +183,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--draft-vocab", type=int, default=4096)
     ap.add_argument("--keep-data", action="store_true", help="keep OUT/data.pt to retrain without regenerating")
+    ap.add_argument("--extra-data", type=Path, action="append", default=[],
+                    help="a data.pt kept from an earlier run (--keep-data) to train on as well")
     args = ap.parse_args()
     torch.manual_seed(0)
     start = time.monotonic()
@@ -194,11 +196,14 @@ def main() -> None:
         model, data, embed = build_data(args.target, args.prompts, args.max_new)
         args.out.mkdir(parents=True, exist_ok=True)
         torch.save((data, embed), cache)
+    for extra in args.extra_data:
+        data = data + torch.load(extra)[0]
     log(f"data: {len(data)} sequences, {sum(len(i) for i, _, _ in data)} positions")
     kept = draft_vocab(data, args.draft_vocab, embed.shape[0])
     d = init_drafter(model, embed, kept)
     acc = train(d, data, args.epochs, embed.shape[0])
     save(d, args.out, {"val_accuracy_per_step": acc, "sequences": len(data), "epochs": args.epochs,
+                       "positions": sum(len(i) for i, _, _ in data), "argv": sys.argv[1:],
                        "build_s": round(time.monotonic() - start)})
     if not args.keep_data:
         cache.unlink()

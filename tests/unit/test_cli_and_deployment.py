@@ -38,3 +38,14 @@ def test_prefect_deployment_points_at_the_diagnose_flow():
     flow = load_flow_from_entrypoint(str(ROOT / deployment["entrypoint"]))
     assert flow.name == "diagnose"
     assert set(deployment["parameters"]) <= set(inspect.signature(flow.fn).parameters)
+
+
+def test_probe_host_prompt_set_and_early_stop_flags_reach_the_profile():
+    from flows.diagnose import prepare
+    from infra.cli import overrides, parser
+
+    args = parser().parse_args(["--drafter", "smol-eagle3", "--probe", "raw_prompts", "--probe", "k_sweep",
+                                "--prompt-set", "math", "--early-stop"])
+    cfg, arms, prompts = prepare("demo", overrides(args), [])
+    assert cfg.probes == ["raw_prompts", "k_sweep"] and cfg.bench.prompts == "math" and cfg.bench.early_stop
+    assert "smol-eagle3@raw" in [a.name for a in arms]

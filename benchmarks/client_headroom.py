@@ -1,0 +1,97 @@
+"""Client headroom: how many streamed tokens/s our client processes vs `vllm bench serve`'s client.
+
+    python benchmarks/client_headroom.py [--streams 256] [--requests 512] [--tokens 128] [--rate 100]
+A loopback null server (infra/nullserver.py, its own process) streams `--tokens` tokens per request at `--rate`
+tokens/s per stream; both clients drive it with `--streams` concurrent streams, taking turns. Prints tokens/s
+each processed (all tokens / the client's own measured duration), ours / theirs (goal >= 1.5x), and our client's
+CPU time per token.
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from infra import embedded  # noqa: E402
+from infra.config import BenchConfig  # noqa: E402
+from tasks.bench import benchmark  # noqa: E402
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ours(url: str, args) -> dict:
+    cfg = BenchConfig(max_tokens=args.tokens, concurrency=args.streams, request_timeout_s=600)
+    cpu = time.process_time()
+    result = benchmark.fn(url, cfg, ["hi"] * args.requests)
+    cpu = time.process_time() - cpu
+    tokens = sum(r.completion_tokens for r in result.records)
+    return {"tok_s": tokens / result.duration_s, "tokens": tokens, "cpu_us_per_token": cpu / tokens * 1e6}
+
+
+def theirs(url: str, args, tmp: Path, i: int) -> dict:
+    pfile = tmp / "prompts.jsonl"
+    pfile.write_text("".join(json.dumps({"prompt": "hi"}) + "\n" for _ in range(args.requests)))
+    out = tmp / f"theirs{i}.json"
+    cmd = [str(Path(embedded.engine_python()).parent / "vllm"), "bench", "serve", "--backend", "openai-chat",
+           "--endpoint", "/v1/chat/completions", "--base-url", url, "--model", "null",
+           "--tokenizer", str(embedded.target_model()), "--dataset-name", "custom", "--dataset-path", str(pfile),
+           "--custom-output-len", str(args.tokens), "--num-prompts", str(args.requests), "--max-concurrency",
+           str(args.streams), "--disable-tqdm", "--save-result", "--result-dir", str(tmp), "--result-filename", out.name]
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if done.returncode != 0:
+        sys.exit(f"vllm bench serve failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    r = json.loads(out.read_text())
+    tokens = args.requests * args.tokens  # the null server streams exactly this many
+    return {"tok_s": tokens / r["duration"], "tokens": tokens, "completed": r["completed"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--streams", type=int, default=256)
+    ap.add_argument("--requests", type=int, default=512)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rate", type=float, default=100.0, help="tokens/s per stream offered by the null server")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    port = _port()
+    server = subprocess.Popen([sys.executable, "-m", "infra.nullserver", "--port", str(port), "--tokens-per-s",
+                               str(args.rate)], cwd=Path(__file__).resolve().parents[1])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                httpx.get(f"{url}/health", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = {"ours": [], "theirs": []}
+            for i in range(args.rounds):
+                runs["ours"].append(ours(url, args))
+                runs["theirs"].append(theirs(url, args, Path(tmp), i))
+                print(f"round {i + 1}: ours {runs['ours'][-1]}, theirs {runs['theirs'][-1]}", flush=True)
+    finally:
+        server.terminate()
+    a = sum(r["tok_s"] for r in runs["ours"]) / args.rounds
+    b = sum(r["tok_s"] for r in runs["theirs"]) / args.rounds
+    offered = args.streams * args.rate
+    print(f"\n{args.streams} streams x {args.rate:.0f} tok/s offered ({offered:.0f} tok/s), {args.requests} requests of "
+          f"{args.tokens} tokens, {args.rounds} rounds each, alternating")
+    print(f"ours: {a:.0f} tok/s processed; vllm bench serve: {b:.0f} tok/s; ours / theirs = {a / b:.2f}x")
+    print(f"our client's CPU per token: {sum(r['cpu_us_per_token'] for r in runs['ours']) / args.rounds:.1f} us")
+
+
+if __name__ == "__main__":
+    main()

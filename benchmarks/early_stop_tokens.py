@@ -1,0 +1,59 @@
+"""Early stop: output tokens spent to reach the same verdict, early stop vs the fixed budget; and per-arm
+orchestration overhead (arm wall time minus server start and benchmark), both measured in this one run.
+
+    python benchmarks/early_stop_tokens.py [--drafter smol-permuted] [--control smol-self] [--prompts 12]
+Runs the demo diagnosis twice on the embedded engine: a fixed budget of --prompts measured requests per arm, then
+with bench.early_stop (the same --prompts as the cap). Goal: early stop spends <= 50% of the tokens for the same
+verdict; overhead <= 5 s per arm.
+"""
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+from flows.diagnose import diagnose  # noqa: E402
+from infra.tracking import Tracker  # noqa: E402
+
+
+def run(args, tmp: str, early: bool):
+    sets = [f"host.workdir={tmp}/runs", f"bench.num_prompts={args.prompts}", f"bench.max_tokens={args.max_tokens}",
+            f"bench.early_stop={'true' if early else 'false'}"]
+    results = diagnose("demo", args.drafter, args.control, sets=sets)
+    tracker = Tracker()
+    parent = tracker.client.get_run(results[0].run_id).data.tags["mlflow.parentRunId"]
+    verdict = tracker.client.get_run(parent).data.tags["specdiag.verdict"]
+    return results, verdict
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--drafter", default="smol-permuted")
+    ap.add_argument("--control", default="smol-self")
+    ap.add_argument("--prompts", type=int, default=12)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp}/mlflow.db"
+        fixed, v_fixed = run(args, tmp, early=False)
+        early, v_early = run(args, tmp, early=True)
+    print(f"\n{'arm':15} {'fixed tokens':>12} {'early tokens':>12} {'early/fixed':>11}   acceptance fixed -> early")
+    for f, e in zip(fixed, early):
+        ft, et = f.metrics.get("output_tokens", 0), e.metrics.get("output_tokens", 0)
+        acc = (f"{f.metrics['acceptance_rate']:.3f} -> {e.metrics['acceptance_rate']:.3f}"
+               if "acceptance_rate" in f.metrics and "acceptance_rate" in e.metrics else "-")
+        print(f"{f.arm:15} {ft:12.0f} {et:12.0f} {et / ft if ft else 0:11.2f}   {acc}")
+    tf = sum(r.metrics.get("output_tokens", 0) for r in fixed)
+    te = sum(r.metrics.get("output_tokens", 0) for r in early)
+    print(f"total tokens: fixed {tf:.0f}, early stop {te:.0f}: {te / tf:.0%} of the fixed budget")
+    print(f"verdict: fixed {v_fixed!r}, early stop {v_early!r} ({'same' if v_fixed == v_early else 'DIFFERENT'})")
+    print("orchestration overhead per arm (arm wall - server ready - benchmark - host-lock wait):")
+    for label, rs in (("fixed", fixed), ("early", early)):
+        print(f"  {label}: " + ", ".join(f"{r.arm} {r.metrics.get('overhead_s', 0):.1f} s" for r in rs))
+
+
+if __name__ == "__main__":
+    main()

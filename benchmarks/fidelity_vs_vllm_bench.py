@@ -1,0 +1,85 @@
+"""Fidelity: our benchmark client vs `vllm bench serve` against the same server and the same prompts.
+
+    python benchmarks/fidelity_vs_vllm_bench.py [--prompts 8] [--max-tokens 64] [--rounds 2]
+One embedded vLLM CPU server (SmolLM2, no drafter); the two clients take turns (ours, theirs, ours, theirs...)
+so that machine drift hits both; prints output tok/s, median TPOT and median TTFT of each and ours / theirs.
+Goal: every ratio within 1 +- 0.02.
+"""
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from infra import embedded, vllm  # noqa: E402
+from infra.config import BenchConfig  # noqa: E402
+from infra.executor import LocalExecutor  # noqa: E402
+from infra.promptsets import load  # noqa: E402
+from tasks.bench import benchmark, warmup  # noqa: E402
+from tasks.health import wait_healthy  # noqa: E402
+from tasks.launch import Server  # noqa: E402
+
+PORT = 8097
+
+
+def theirs(base_url: str, target: str, prompts_file: Path, n: int, max_tokens: int, out: Path) -> dict:
+    vllm_cli = str(Path(embedded.engine_python()).parent / "vllm")
+    cmd = [vllm_cli, "bench", "serve", "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
+           "--base-url", base_url, "--model", "smollm2", "--tokenizer", target, "--dataset-name", "custom",
+           "--dataset-path", str(prompts_file), "--custom-output-len", str(max_tokens), "--num-prompts", str(n),
+           "--max-concurrency", "1", "--temperature", "0", "--disable-tqdm", "--save-result",
+           "--result-dir", str(out.parent), "--result-filename", out.name]
+    done = subprocess.run(cmd, capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    if done.returncode != 0:
+        sys.exit(f"vllm bench serve failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    r = json.loads(out.read_text())
+    return {"output_tok_s": r["output_throughput"], "tpot_ms_p50": r["median_tpot_ms"],
+            "ttft_ms_p50": r["median_ttft_ms"], "output_tokens": r["total_output_tokens"]}
+
+
+def ours(base_url: str, prompts: list[str], max_tokens: int) -> dict:
+    s = benchmark.fn(base_url, BenchConfig(max_tokens=max_tokens, warmup=0), prompts).summary()
+    return {k: s[k] for k in ("output_tok_s", "tpot_ms_p50", "ttft_ms_p50", "output_tokens")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    target, ex = str(embedded.target_model()), LocalExecutor()
+    prompts = load("chat", args.prompts)
+    with tempfile.TemporaryDirectory() as tmp:
+        pfile = Path(tmp) / "prompts.jsonl"
+        pfile.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+        argv = vllm.server_argv(embedded.engine_python(), target, PORT, ["--dtype", "bfloat16", "--max-model-len",
+                                "2048", "--enforce-eager", "--distributed-executor-backend", "uni"], None, "smollm2")
+        proc = ex.launch(argv, vllm.server_env({"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "auto"}),
+                         str(Path(tmp) / "server.log"))
+        try:
+            url = ex.base_url(PORT)
+            wait_healthy.fn(Server("fidelity", proc, url, ex), timeout_s=600)
+            warmup.fn(url, BenchConfig(warmup=2), prompts[:2])
+            runs = {"ours": [], "theirs": []}
+            for i in range(args.rounds):
+                runs["ours"].append(ours(url, prompts, args.max_tokens))
+                runs["theirs"].append(theirs(url, target, pfile, args.prompts, args.max_tokens, Path(tmp) / f"r{i}.json"))
+                print(f"round {i + 1}: ours {runs['ours'][-1]}\n         theirs {runs['theirs'][-1]}", flush=True)
+        finally:
+            ex.stop_group(proc.pgid)
+    print(f"\n{args.prompts} chat prompts x {args.max_tokens} max tokens, single stream, {args.rounds} rounds each, "
+          f"alternating; same server")
+    print(f"{'metric':14} {'ours':>10} {'vllm bench':>11} {'ours/theirs':>12}")
+    for key in ("output_tok_s", "tpot_ms_p50", "ttft_ms_p50", "output_tokens"):
+        a, b = np.mean([r[key] for r in runs["ours"]]), np.mean([r[key] for r in runs["theirs"]])
+        print(f"{key:14} {a:10.2f} {b:11.2f} {a / b:12.3f}")
+
+
+if __name__ == "__main__":
+    main()
