@@ -7,6 +7,7 @@ each processed (all tokens / the client's own measured duration), ours / theirs 
 CPU time per token.
 """
 import argparse
+import asyncio
 import json
 import os
 import socket
@@ -22,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from infra import embedded  # noqa: E402
 from infra.config import BenchConfig  # noqa: E402
-from tasks.bench import benchmark  # noqa: E402
+from tasks.bench import _run  # noqa: E402
 
 
 def _port() -> int:
@@ -34,17 +35,18 @@ def _port() -> int:
 def ours(url: str, args) -> dict:
     cfg = BenchConfig(max_tokens=args.tokens, concurrency=args.streams, request_timeout_s=600)
     cpu = time.process_time()
-    result = benchmark.fn(url, cfg, ["hi"] * args.requests)
+    result = asyncio.run(_run(url, cfg, "null", ["hi"] * args.requests, args.tokens))  # failures counted, not raised
     cpu = time.process_time() - cpu
     tokens = sum(r.completion_tokens for r in result.records)
-    return {"tok_s": tokens / result.duration_s, "tokens": tokens, "cpu_us_per_token": cpu / tokens * 1e6}
+    return {"tok_s": tokens / result.duration_s, "tokens": tokens, "cpu_us_per_token": cpu / tokens * 1e6,
+            "failed": sum(not r.ok for r in result.records)}
 
 
 def theirs(url: str, args, tmp: Path, i: int) -> dict:
     pfile = tmp / "prompts.jsonl"
     pfile.write_text("".join(json.dumps({"prompt": "hi"}) + "\n" for _ in range(args.requests)))
     out = tmp / f"theirs{i}.json"
-    cmd = [str(Path(embedded.engine_python()).parent / "vllm"), "bench", "serve", "--backend", "openai-chat",
+    cmd = [embedded.vllm_bench_cli(), "bench", "serve", "--backend", "openai-chat",
            "--endpoint", "/v1/chat/completions", "--base-url", url, "--model", "null",
            "--tokenizer", str(embedded.target_model()), "--dataset-name", "custom", "--dataset-path", str(pfile),
            "--custom-output-len", str(args.tokens), "--num-prompts", str(args.requests), "--max-concurrency",
@@ -53,8 +55,8 @@ def theirs(url: str, args, tmp: Path, i: int) -> dict:
     if done.returncode != 0:
         sys.exit(f"vllm bench serve failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     r = json.loads(out.read_text())
-    tokens = args.requests * args.tokens  # the null server streams exactly this many
-    return {"tok_s": tokens / r["duration"], "tokens": tokens, "completed": r["completed"]}
+    return {"tok_s": r["total_output_tokens"] / r["duration"], "tokens": r["total_output_tokens"],
+            "failed": args.requests - r["completed"]}
 
 
 def main() -> None:

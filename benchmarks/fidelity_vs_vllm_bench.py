@@ -28,7 +28,7 @@ PORT = 8097
 
 
 def theirs(base_url: str, target: str, prompts_file: Path, n: int, max_tokens: int, out: Path) -> dict:
-    vllm_cli = str(Path(embedded.engine_python()).parent / "vllm")
+    vllm_cli = embedded.vllm_bench_cli()
     cmd = [vllm_cli, "bench", "serve", "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
            "--base-url", base_url, "--model", "smollm2", "--tokenizer", target, "--dataset-name", "custom",
            "--dataset-path", str(prompts_file), "--custom-output-len", str(max_tokens), "--num-prompts", str(n),

@@ -85,6 +85,14 @@ def _build_engine(venv: Path, python: Path) -> None:
     _step([str(python), "-c", "import vllm, transformers"], "checking that vllm imports")
 
 
+def vllm_bench_cli() -> str:
+    """The engine's `vllm` command with what `vllm bench serve --dataset-name custom` imports (pandas)."""
+    python = engine_python()
+    if subprocess.run([python, "-c", "import pandas"], capture_output=True).returncode != 0:
+        _step([python, "-m", "pip", "install", "-q", "pandas"], "installing pandas for `vllm bench serve`")
+    return str(Path(python).parent / "vllm")
+
+
 def _site_packages(python: Path) -> Path:
     return next(python.parent.parent.glob("lib/python3*/site-packages"))
 

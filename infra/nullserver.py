@@ -43,6 +43,8 @@ class NullServer:
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
+        except Exception as exc:  # noqa: BLE001
+            print("nullserver:", type(exc).__name__, exc, flush=True)
         finally:
             writer.close()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -86,20 +87,24 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict, record: RequestR
             if resp.status_code != 200:
                 record.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode()[:300]}"
                 return record
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
+            buf = b""
+            async for raw in resp.aiter_raw():  # SSE split by hand: httpx's line iterator costs CPU per token
                 now = time.perf_counter()
-                if any(_text_of(c) for c in chunk.get("choices") or []):
-                    if last is None:
-                        record.ttft_ms = (now - start) * 1000
-                    else:
-                        record.itl_ms.append((now - last) * 1000)
-                    last = now
-                if chunk.get("usage"):
-                    record.prompt_tokens = chunk["usage"]["prompt_tokens"]
-                    record.completion_tokens = chunk["usage"]["completion_tokens"]
+                events = (buf + raw).split(b"\n\n")
+                buf = events.pop()
+                for event in events:
+                    if not event.startswith(b"data: ") or event.startswith(b"data: [DONE]"):
+                        continue
+                    chunk = json.loads(event[6:])
+                    if any(_text_of(c) for c in chunk.get("choices") or ()):
+                        if last is None:
+                            record.ttft_ms = (now - start) * 1000
+                        else:
+                            record.itl_ms.append((now - last) * 1000)
+                        last = now
+                    if chunk.get("usage"):
+                        record.prompt_tokens = chunk["usage"]["prompt_tokens"]
+                        record.completion_tokens = chunk["usage"]["completion_tokens"]
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
         return record
@@ -116,15 +121,18 @@ async def _run(base_url: str, cfg: BenchConfig, model: str, prompts: list[str], 
                stop_check: Callable[[list[RequestRecord], float], str] | None = None) -> BenchResult:
     """`cfg.concurrency` workers take prompts in order; with `request_rate`, request i starts no earlier than its
     Poisson arrival time; with `stop_check`, no new request starts once it gives a reason to stop."""
-    limits = httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency)
     timeout = httpx.Timeout(cfg.request_timeout_s, connect=10.0)
+    tls = ssl.create_default_context()  # built once: each worker's client would otherwise build its own
     arrivals = np.cumsum(np.random.default_rng(0).exponential(1 / cfg.request_rate, len(prompts))) \
         if cfg.request_rate else np.zeros(len(prompts))
     queue, records, stop = iter(enumerate(prompts)), [], {"reason": ""}
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
-        start = time.perf_counter()
+    start = time.perf_counter()
 
-        async def worker() -> None:
+    async def worker() -> None:
+        # One connection per worker, in a client of its own: a shared pool of hundreds of connections costs
+        # httpcore's pool bookkeeping on every chunk (measured: 7x fewer tokens/s at 256 streams).
+        async with httpx.AsyncClient(base_url=base_url, timeout=timeout, verify=tls,
+                                     limits=httpx.Limits(max_connections=1, max_keepalive_connections=1)) as client:
             for i, prompt in queue:
                 if stop["reason"]:
                     return
@@ -136,8 +144,8 @@ async def _run(base_url: str, cfg: BenchConfig, model: str, prompts: list[str], 
                 if stop_check and not stop["reason"]:
                     stop["reason"] = await asyncio.to_thread(stop_check, list(records), time.perf_counter() - start)
 
-        await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
-        return BenchResult(sorted(records, key=lambda r: r.index), time.perf_counter() - start, stop["reason"])
+    await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
+    return BenchResult(sorted(records, key=lambda r: r.index), time.perf_counter() - start, stop["reason"])
 
 
 def served_model(base_url: str) -> str:
