@@ -16,7 +16,8 @@ pytestmark = pytest.mark.e2e
 def test_faulty_engine_patch_is_named_integration(prefect_server, mlflow_uri, tmp_path, no_servers_left):
     results = diagnose("demo", "smol-eagle3-badpatch", None, ["smol-eagle3"],
                        sets=[f"host.workdir={tmp_path / 'runs'}", "control=null",
-                             "bench.num_prompts=8", "bench.max_tokens=48"])  # enough drafts to separate the two
+                             "bench.num_prompts=8", "bench.max_tokens=48",  # enough drafts to separate the two
+                             "bench.prompts=topics"])  # traffic like the drafter's training data, held out of it
     assert all(r.ok for r in results), [r.error for r in results]
     bad = next(r.metrics for r in results if r.arm == "smol-eagle3-badpatch")
     good = next(r.metrics for r in results if r.arm == "smol-eagle3")
