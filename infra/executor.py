@@ -1,6 +1,7 @@
 """Where commands run. One small protocol; LocalExecutor now, an SSH executor behind the same calls later."""
 from __future__ import annotations
 
+import glob as globmod
 import os
 import shlex
 import shutil
@@ -43,6 +44,9 @@ class Executor(Protocol):
     def read_from(self, path: str, offset: int) -> tuple[str, int]: ...
     def fetch(self, path: str, dest: Path) -> Path: ...
     def put(self, local: Path, path: str) -> str: ...
+    def read_bytes(self, path: str) -> bytes: ...
+    def glob(self, pattern: str) -> list[str]: ...  # wildcards in the last component only
+    def open(self, path: str): ...  # a binary file object (seek/read)
     def port_free(self, port: int) -> bool: ...
     def base_url(self, port: int) -> str: ...
     def close(self) -> None: ...
@@ -161,6 +165,15 @@ class LocalExecutor:
 
     def close(self) -> None:
         pass
+
+    def read_bytes(self, path: str) -> bytes:
+        return Path(path).expanduser().read_bytes()
+
+    def glob(self, pattern: str) -> list[str]:
+        return sorted(globmod.glob(os.path.expanduser(pattern)))
+
+    def open(self, path: str):
+        return open(os.path.expanduser(path), "rb")
 
     def port_free(self, port: int) -> bool:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

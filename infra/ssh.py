@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import re
 import select
 import shlex
 import socket
@@ -239,6 +240,21 @@ class SshExecutor:
         self._retrying(lambda _: self._sftp_client().get(path, str(dest)))
         return dest
 
+    def read_bytes(self, path: str) -> bytes:
+        with self.open(path) as f:
+            return f.read()
+
+    def glob(self, pattern: str) -> list[str]:
+        folder, name = pattern.rsplit("/", 1) if "/" in pattern else (".", pattern)
+        if not re.fullmatch(r"[\w.*?-]+", name):
+            raise ValueError(f"unsupported glob {name!r}")
+        done = self._sh(f"cd {_home(folder)} 2>/dev/null && ls -1d -- {name} 2>/dev/null; true")
+        return [f"{folder}/{line}" for line in done.stdout.splitlines() if line]
+
+    def open(self, path: str):
+        """A binary SFTP file (seek/read); a leading ~/ is the login directory, where SFTP starts."""
+        return self._sftp_client().open(path[2:] if path.startswith("~/") else path, "rb")
+
     def put(self, local: Path, path: str) -> str:
         self._sh(f"mkdir -p {shlex.quote(str(PurePosixPath(path).parent))}")
         self._retrying(lambda _: self._sftp_client().put(str(local), path))
@@ -258,6 +274,11 @@ class SshExecutor:
             if port not in self._forwards:
                 self._forwards[port] = _Forward(self, port)
             return f"http://127.0.0.1:{self._forwards[port].local_port}"
+
+
+def _home(path: str) -> str:
+    """Quote a path for the remote shell, keeping a leading ~/ expandable."""
+    return "~/" + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
 
 
 class _Forward:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -16,6 +17,8 @@ from prefect import task
 from safetensors import safe_open
 
 Severity = Literal["error", "warning", "info"]
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
+              "I32": torch.int32, "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8}
 KNOWN_EAGLE3_ARCHS = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3DeepseekV2ForCausalLM"}
 
 
@@ -46,6 +49,28 @@ class Drafter:
                     if names is None or any(key.endswith(n) for n in names):
                         tensors[key] = f.get_tensor(key)
         return cls(path, config, tensors)
+
+    @classmethod
+    def load_remote(cls, executor, path: str, names: tuple[str, ...], shapes_only: tuple[str, ...] = ()) -> "Drafter":
+        """The same, over SFTP: config.json, then only the named tensors' bytes out of each safetensors file (its
+        JSON header says where they are); `shapes_only` tensors come back as meta tensors (shape, no data)."""
+        config = json.loads(executor.read_bytes(f"{path}/config.json"))
+        tensors = {}
+        for file in executor.glob(f"{path}/*.safetensors"):
+            with executor.open(file) as f:
+                size = struct.unpack("<Q", f.read(8))[0]
+                header = json.loads(f.read(size))
+                for key, meta in header.items():
+                    if key == "__metadata__" or not any(key.endswith(n) for n in names + shapes_only):
+                        continue
+                    dtype = _ST_DTYPES[meta["dtype"]]
+                    if any(key.endswith(n) for n in shapes_only):
+                        tensors[key] = torch.empty(meta["shape"], dtype=dtype, device="meta")
+                        continue
+                    start, end = meta["data_offsets"]
+                    f.seek(8 + size + start)
+                    tensors[key] = torch.frombuffer(bytearray(f.read(end - start)), dtype=dtype).reshape(meta["shape"])
+        return cls(Path(path), config, tensors)
 
     def tensor(self, suffix: str) -> torch.Tensor | None:
         return next((t for k, t in self.tensors.items() if k == suffix or k.endswith("." + suffix)), None)
@@ -207,9 +232,45 @@ def findings_markdown(findings: dict[str, list[Finding]]) -> str:
     return "\n".join(lines)
 
 
+def _remote_config(executor, target: str) -> str:
+    """A target's config.json on the host: a folder, or a Hugging Face id in the host's HF cache."""
+    if target.count("/") == 1 and not target.startswith(("/", "~", ".")):
+        org, name = target.split("/")
+        found = executor.glob(f"~/.cache/huggingface/hub/models--{org}--{name}/snapshots/*")
+        if found:
+            return f"{found[0]}/config.json"
+    return f"{target}/config.json"
+
+
+def inspect_remote(executor, path: str, method: str, target_path: str, control: str | None = None) -> list[Finding]:
+    """EAGLE-3 checks of a head that lives on the GPU host, read over SFTP: config, d2t/t2d, and only the shapes
+    of fc and lm_head (megabytes, not the gigabytes of a 1T model's head)."""
+    if method != "eagle3":
+        return [Finding("info", "unchecked", f"{method} checkpoint on {executor.host}: run flows/inspect_drafter.py there")]
+    target = json.loads(executor.read_bytes(_remote_config(executor, target_path)))
+    load = lambda p: Drafter.load_remote(executor, p, ("d2t", "t2d"), ("fc.weight", "lm_head.weight"))  # noqa: E731
+    d = load(path)
+    out = check_eagle3(d, target)
+    if control:
+        out += compare_eagle3(d, load(control), target["num_hidden_layers"])
+    return out
+
+
 @task(name="inspect-arms")
-def inspect_arms(target_model: str, arms: list) -> dict[str, list[Finding]]:
-    """Static checks of every drafter arm whose checkpoint is on this machine, before any server starts."""
+def inspect_arms(target_model: str, arms: list, host=None) -> dict[str, list[Finding]]:
+    """Static checks of every drafter arm, before any server starts: on this machine, or over SFTP on the remote
+    host when the checkpoints live there."""
+    from infra.executor import executor_for
+
+    executor = executor_for(host) if host is not None and host.kind != "local" else None
+    try:
+        return _inspect_all(target_model, arms, executor)
+    finally:
+        if executor is not None:
+            executor.close()
+
+
+def _inspect_all(target_model: str, arms: list, executor) -> dict[str, list[Finding]]:
     control = next((a for a in arms if a.role == "control" and a.spec and a.spec.model), None)
     out: dict[str, list[Finding]] = {}
     for arm in arms:
@@ -217,7 +278,9 @@ def inspect_arms(target_model: str, arms: list) -> dict[str, list[Finding]]:
             continue
         path, ctrl_path = Path(arm.spec.model), Path(control.spec.model) if control else None
         if not (path / "config.json").exists() or not (Path(target_model) / "config.json").exists():
-            out[arm.name] = [Finding("info", "unchecked", "checkpoint or target not on this machine: no static checks")]
+            out[arm.name] = _remote_findings(executor, arm, control, target_model)
+            for f in out[arm.name]:
+                print(f"[{arm.name}] static check {f.line()}")
             continue
         use_ctrl = control is not None and arm is not control and (ctrl_path / "config.json").exists()
         out[arm.name] = inspect_drafter.fn(str(path), arm.spec.method, target_model,
@@ -226,3 +289,14 @@ def inspect_arms(target_model: str, arms: list) -> dict[str, list[Finding]]:
         for f in out[arm.name]:
             print(f"[{arm.name}] static check {f.line()}")
     return out
+
+
+def _remote_findings(executor, arm, control, target_model: str) -> list[Finding]:
+    if executor is None or executor.host == "local":
+        return [Finding("info", "unchecked", "checkpoint or target not on this machine: no static checks")]
+    try:
+        ctrl = control.spec.model if control is not None and arm is not control and \
+            control.spec.method == "eagle3" else None
+        return inspect_remote(executor, arm.spec.model, arm.spec.method, target_model, ctrl)
+    except (OSError, ValueError, KeyError) as exc:
+        return [Finding("info", "unchecked", f"could not read the checkpoint on {executor.host}: {exc}")]

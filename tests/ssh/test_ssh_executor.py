@@ -118,3 +118,28 @@ def test_through_a_jump_host(host):
                                                                key_file=host.key_file)}))
     assert via.run(["echo", "hop"], 10).stdout.strip() == "hop"
     via.close()
+
+
+def test_static_checks_read_a_remote_eagle3_head_over_sftp(host, tmp_path):
+    """A drafter that lives on the GPU host is checked without copying it: config, d2t/t2d, fc/lm_head shapes."""
+    import json
+
+    from infra.eagle3 import make_eagle3
+    from tasks.inspect import inspect_remote
+
+    target = tmp_path / "target"
+    target.mkdir()
+    cfg = {"hidden_size": 64, "vocab_size": 1000, "num_hidden_layers": 12}
+    (target / "config.json").write_text(json.dumps(cfg))
+    good = make_eagle3(tmp_path / "good head", cfg, draft_vocab=256)
+    bad = make_eagle3(tmp_path / "bad head", cfg, draft_vocab=256, fault="scrambled_d2t")
+    ex = SshExecutor(host)
+    try:
+        ok = inspect_remote(ex, str(good), "eagle3", str(target))
+        assert not [f for f in ok if f.severity == "error"] and any(f.code == "d2t" for f in ok), ok
+        flagged = inspect_remote(ex, str(bad), "eagle3", str(target), control=str(good))
+        assert "d2t_order" in {f.code for f in flagged if f.severity == "error"}
+        assert any(f.code == "mapping_overlap" for f in flagged)
+        assert ex.glob(f"{good}/*.safetensors") == [f"{good}/model.safetensors"]
+    finally:
+        ex.close()
