@@ -13,12 +13,12 @@ from infra.config import Profile
 from infra.executor import executor_for
 from infra.hostlock import host_lock
 from infra.tracking import Tracker
-from tasks.bench import benchmark, warmup
+from tasks.bench import benchmark, sweep, sweep_metrics, warmup
 from tasks.cleanup import cleanup
 from tasks.health import wait_healthy
 from tasks.launch import launch_server
 from tasks.record import ArmEvidence, ArmResult, record_arm
-from tasks.scrape import counter_metrics, log_crosscheck, scrape, spec_window
+from tasks.scrape import counter_metrics, log_crosscheck, scrape, spec_totals, spec_window
 from tasks.teardown import teardown
 
 
@@ -50,6 +50,10 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
         ev.after = scrape(server)
         ev.metrics["bench_s"] = time.monotonic() - bench_start
         ev.metrics.update(counter_metrics(arm.name, ev.before, ev.after, speculative=arm.spec is not None))
+        if cfg.bench.concurrency_sweep:  # load shapes beyond the verdict's window, on the same server
+            ev.sweep = sweep(server.base_url, bench_cfg, prompts[cfg.bench.warmup:],
+                             spec_totals(server) if arm.spec else None)
+            ev.metrics.update(sweep_metrics(ev.sweep))
         result.ok = True
     except Exception as exc:  # the arm fails; the diagnosis goes on with the other arms
         result.error = f"{type(exc).__name__}: {exc}"

@@ -114,6 +114,9 @@ class BenchConfig(_Strict):
     endpoint: Literal["chat", "completions"] = "chat"
     request_timeout_s: float = Field(default=300.0, gt=0)
     request_rate: float | None = Field(default=None, gt=0)  # Poisson arrivals (req/s); None = back to back
+    # After the measured window, the same prompts again at each of these concurrencies, on the same server
+    # (metrics <name>_c<N> and concurrency_sweep.csv); not used by the verdict.
+    concurrency_sweep: list[int] = Field(default_factory=list)
     # Early stop: end the measured window once acceptance and tok/s are known to the precision the verdict needs
     # (num_prompts is then the cap), or a budget is spent.
     early_stop: bool = False

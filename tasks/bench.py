@@ -187,3 +187,28 @@ class BenchmarkFailed(RuntimeError):
     def __init__(self, result: BenchResult, message: str):
         super().__init__(message)
         self.result = result
+
+
+@task(name="concurrency-sweep", cache_policy=NO_CACHE)
+def sweep(base_url: str, cfg: BenchConfig, prompts: list[str],
+          spec_totals: Callable[[], tuple[float, float]] | None = None) -> pd.DataFrame:
+    """One row per concurrency level: throughput, latency percentiles and (with spec decoding) the acceptance over
+    that level's requests; spec_totals gives the cumulative (draft tokens, accepted tokens)."""
+    rows, model = [], served_model(base_url)
+    for level in cfg.concurrency_sweep:
+        level_cfg = cfg.model_copy(update={"concurrency": level, "early_stop": False})
+        before = spec_totals() if spec_totals else None
+        s = asyncio.run(_run(base_url, level_cfg, model, prompts, cfg.max_tokens)).summary()
+        row = {"concurrency": level, **{k: s.get(k, float("nan")) for k in (
+            "output_tok_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "requests_failed")}}
+        if before is not None:
+            drafted, accepted = (a - b for a, b in zip(spec_totals(), before))
+            row["acceptance_rate"] = accepted / drafted if drafted else float("nan")
+        rows.append(row)
+        print(f"concurrency {level}: {row['output_tok_s']:.1f} tok/s, TPOT p50 {row['tpot_ms_p50']:.1f} ms")
+    return pd.DataFrame(rows)
+
+
+def sweep_metrics(frame: pd.DataFrame) -> dict[str, float]:
+    return {f"{k}_c{int(r['concurrency'])}": float(r[k]) for r in frame.to_dict("records") for k in r
+            if k != "concurrency"}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -34,6 +35,7 @@ class ArmEvidence:
     before: Snapshot | None = None
     after: Snapshot | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    sweep: pd.DataFrame | None = None  # the concurrency sweep's rows, if one ran
 
 
 @task(name="record-arm", cache_policy=NO_CACHE)
@@ -45,6 +47,8 @@ def record_arm(tracker: Tracker, result: ArmResult, params: dict[str, str], ev: 
     tracker.file(run, ev.log_path)
     if ev.bench:
         tracker.table(run, ev.bench.frame(), "requests.csv")
+    if ev.sweep is not None:
+        tracker.table(run, ev.sweep, "concurrency_sweep.csv")
     if ev.before:
         tracker.text(run, ev.before.metrics_text, "metrics_before.txt")
     if ev.after:

@@ -40,6 +40,14 @@ def spec_window(server: Server, before: Snapshot):
     return so_far
 
 
+def spec_totals(server: Server):
+    """A callable giving the cumulative (draft tokens, accepted tokens) on the server."""
+    def totals() -> tuple[float, float]:
+        c = vllm.parse_metrics(httpx.get(f"{server.base_url}/metrics", timeout=10.0).text)
+        return c.num_draft_tokens, c.num_accepted_tokens
+    return totals
+
+
 def counter_metrics(arm: str, before: Snapshot, after: Snapshot, speculative: bool) -> dict[str, float]:
     """Spec-decode counter deltas over the measured window; refuses to report a silent 0%."""
     if speculative and not after.counters.present:

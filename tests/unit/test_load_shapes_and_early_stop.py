@@ -82,3 +82,12 @@ def test_stop_rule_waits_for_both_intervals():
 def test_failed_requests_do_not_count_toward_precision():
     records = [RequestRecord(i, ok=i % 2 == 0, completion_tokens=10, e2e_ms=1000.0) for i in range(6)]
     assert len(BenchResult(records, 1.0).request_tok_s()) == 3
+
+
+def test_concurrency_sweep_gives_one_row_per_level(null_server):
+    from tasks.bench import sweep, sweep_metrics
+
+    frame = sweep.fn(null_server, BenchConfig(max_tokens=8, concurrency_sweep=[1, 4]), ["hi"] * 8)
+    assert list(frame["concurrency"]) == [1, 4] and (frame["requests_failed"] == 0).all()
+    assert frame.loc[1, "output_tok_s"] > 2 * frame.loc[0, "output_tok_s"]  # 4 streams: more tokens per second
+    assert {"output_tok_s_c1", "tpot_ms_p50_c4"} <= set(sweep_metrics(frame))
