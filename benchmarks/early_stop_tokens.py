@@ -21,7 +21,7 @@ from infra.tracking import Tracker  # noqa: E402
 
 def run(args, tmp: str, early: bool):
     sets = [f"host.workdir={tmp}/runs", f"bench.num_prompts={args.prompts}", f"bench.max_tokens={args.max_tokens}",
-            f"bench.early_stop={'true' if early else 'false'}"]
+            f"bench.early_stop={'true' if early else 'false'}", f"target.port={args.port}"]
     results = diagnose("demo", args.drafter, args.control, sets=sets)
     tracker = Tracker()
     parent = tracker.client.get_run(results[0].run_id).data.tags["mlflow.parentRunId"]
@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--control", default="smol-self")
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--port", type=int, default=8096)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp}/mlflow.db"
