@@ -114,10 +114,12 @@ def decide(results: list[ArmResult], findings: dict[str, list[Finding]]) -> Verd
         return Verdict("spec_disabled", [f"{cand.arm}: {m.get('output_tokens', 0):.0f} tokens generated, 0 drafts proposed"],
                        "the drafter never proposed: check the speculative config")
     evidence = [_fmt(cand.arm, m)]
+    lo, hi = acceptance_interval(m)
+    if MIN_CONTROL_DRAFTS <= m.get("num_drafts", 0) < MIN_DRAFTS and lo >= HEALTHY:  # few drafts, but decisive
+        return Verdict("healthy", evidence + [f"the whole interval lies above {HEALTHY}, even over few drafts"])
     if m.get("num_drafts", 0) < MIN_DRAFTS:
         return Verdict("inconclusive", evidence + [f"fewer than {MIN_DRAFTS} drafts: the interval is too wide"],
                        f"rerun with more prompts or tokens (--prompts, --max-tokens)")
-    lo, hi = acceptance_interval(m)
     evidence += [f"static check: {f.line()}" for f in vocab_errors]
     if hi < NEAR_ZERO and vocab_errors:
         return Verdict("vocab_mismatch", evidence + [

@@ -133,3 +133,10 @@ def test_probe_arms_are_planned_from_the_candidate():
     assert arms["smol-eagle3@raw"].endpoint == "completions"
     assert arms["smol-eagle3@control-mapping"].mapping_from == "embedded:smol-eagle3-scrambled"
     assert {a.role for a in arms.values() if "@" in a.name} == {"probe"}
+
+
+def test_a_perfect_drafter_is_healthy_over_few_drafts_but_a_handful_decides_nothing():
+    # a good drafter accepts whole drafts, so 128 tokens make only ~26 drafts: [0.87, 1] still decides
+    assert decide([BASE, arm("cand", "candidate", 1.0, drafts=26)], {}).cause == "healthy"
+    assert decide([BASE, arm("cand", "candidate", 1.0, drafts=6)], {}).cause == "inconclusive"
+    assert decide([BASE, arm("cand", "candidate", 0.5, drafts=26)], {}).cause == "inconclusive"
