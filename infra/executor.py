@@ -37,8 +37,30 @@ class Executor(Protocol):
     def launch(self, argv: list[str], env: dict[str, str], log_path: str) -> Launched: ...
     def is_alive(self, pid: int) -> bool: ...
     def group_pids(self, pgid: int) -> list[int]: ...
-    def stop_group(self, pgid: int, grace_s: float = 15.0) -> list[int]: ...
-    def stop_pid(self, pid: int, grace_s: float = 15.0) -> bool: ...
+    def stop_group(self, pgid: int, grace_s: float = 15.0) -> list[int]:
+        """SIGTERM the group, SIGKILL what is left after grace_s; return the PIDs still alive (none)."""
+        def send(sig: str) -> bool:
+            try:
+                os.killpg(pgid, getattr(signal, f"SIG{sig}"))
+            except ProcessLookupError:
+                pass
+            return False
+
+        def gone() -> bool:
+            self.is_alive(pgid)  # reaps the leader when it is our child
+            return not self.group_pids(pgid)
+        return [] if escalate(send, gone, grace_s, 0.2) else self.group_pids(pgid)
+
+    def stop_pid(self, pid: int, grace_s: float = 15.0) -> bool:
+        """Stop one process that is not ours to stop as a group; True once it is gone."""
+        def send(sig: str) -> bool:
+            try:
+                os.kill(pid, getattr(signal, f"SIG{sig}"))
+            except ProcessLookupError:
+                return True
+            return False
+        return escalate(send, lambda: not self.is_alive(pid), grace_s, 0.2)
+
     def pgid_of(self, pid: int) -> int | None: ...
     def read_tail(self, path: str, max_bytes: int = 16_384) -> str: ...
     def read_from(self, path: str, offset: int) -> tuple[str, int]: ...
@@ -50,6 +72,19 @@ class Executor(Protocol):
     def port_free(self, port: int) -> bool: ...
     def base_url(self, port: int) -> str: ...
     def close(self) -> None: ...
+
+
+def escalate(send, gone, grace_s: float, poll_s: float) -> bool:
+    """send("TERM"), wait up to grace_s for gone(); then send("KILL"), wait 5 s. send returning True means gone."""
+    for sig, wait_s in (("TERM", grace_s), ("KILL", 5.0)):
+        if send(sig):
+            return True
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if gone():
+                return True
+            time.sleep(poll_s)
+    return gone()
 
 
 def shell_command(argv: list[str], env: dict[str, str]) -> str:

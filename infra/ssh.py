@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 import paramiko
 
 from infra.config import HostConfig, SpecdiagError
-from infra.executor import Completed, Launched
+from infra.executor import Completed, Launched, escalate
 
 DROPS = (OSError, EOFError, paramiko.SSHException)
 
@@ -196,25 +196,19 @@ class SshExecutor:
         return sorted(int(p) for p, g, s in zip(rows[::3], rows[1::3], rows[2::3])
                       if int(g) == pgid and not s.startswith(("Z", "X")))
 
+    def _kill(self, target: str):
+        """`send` for escalate(): signal TARGET on the host; whether it is gone is checked separately."""
+        def send(sig: str) -> bool:
+            self._sh(f"kill -{sig} {target} 2>/dev/null; true")
+            return False
+        return send
+
     def stop_group(self, pgid: int, grace_s: float = 15.0) -> list[int]:
-        for sig, wait_s in (("TERM", grace_s), ("KILL", 5.0)):
-            self._sh(f"kill -{sig} -- -{int(pgid)} 2>/dev/null; true")
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline:
-                if not self.group_pids(pgid):
-                    return []
-                time.sleep(0.3)
-        return self.group_pids(pgid)
+        gone = escalate(self._kill(f"-- -{int(pgid)}"), lambda: not self.group_pids(pgid), grace_s, 0.3)
+        return [] if gone else self.group_pids(pgid)
 
     def stop_pid(self, pid: int, grace_s: float = 15.0) -> bool:
-        for sig, wait_s in (("TERM", grace_s), ("KILL", 5.0)):
-            self._sh(f"kill -{sig} {int(pid)} 2>/dev/null; true")
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline:
-                if not self.is_alive(pid):
-                    return True
-                time.sleep(0.3)
-        return not self.is_alive(pid)
+        return escalate(self._kill(str(int(pid))), lambda: not self.is_alive(pid), grace_s, 0.3)
 
     def pgid_of(self, pid: int) -> int | None:
         out = self._sh(f"ps -o pgid= -p {int(pid)}").stdout.strip()
