@@ -31,11 +31,14 @@ def scrape(server: Server) -> Snapshot:
     return Snapshot(resp.text, vllm.parse_metrics(resp.text), offset)
 
 
+def _counters(server: Server) -> vllm.SpecCounters:
+    return vllm.parse_metrics(httpx.get(f"{server.base_url}/metrics", timeout=10.0).text)
+
+
 def spec_window(server: Server, before: Snapshot):
     """A callable giving (drafts, acceptance rate) since `before`: the early stop reads it mid-window."""
     def so_far() -> tuple[float, float]:
-        text = httpx.get(f"{server.base_url}/metrics", timeout=10.0).text
-        delta = vllm.parse_metrics(text) - before.counters
+        delta = _counters(server) - before.counters
         return delta.num_drafts, (delta.num_accepted_tokens / delta.num_draft_tokens if delta.num_draft_tokens else 0.0)
     return so_far
 
@@ -43,7 +46,7 @@ def spec_window(server: Server, before: Snapshot):
 def spec_totals(server: Server):
     """A callable giving the cumulative (draft tokens, accepted tokens) on the server."""
     def totals() -> tuple[float, float]:
-        c = vllm.parse_metrics(httpx.get(f"{server.base_url}/metrics", timeout=10.0).text)
+        c = _counters(server)
         return c.num_draft_tokens, c.num_accepted_tokens
     return totals
 
