@@ -1,10 +1,11 @@
 """Client headroom: how many streamed tokens/s our client processes vs `vllm bench serve`'s client.
 
-    python benchmarks/client_headroom.py [--streams 256] [--requests 512] [--tokens 128] [--rate 100]
-A loopback null server (infra/nullserver.py, its own process) streams `--tokens` tokens per request at `--rate`
-tokens/s per stream; both clients drive it with `--streams` concurrent streams, taking turns. Prints tokens/s
-each processed (all tokens / the client's own measured duration), ours / theirs (goal >= 1.5x), and our client's
-CPU time per token.
+    python benchmarks/client_headroom.py [--streams 256] [--requests 512] [--tokens 128] [--rates 0,100]
+A loopback null server (infra/nullserver.py, its own process) streams `--tokens` tokens per request; both clients
+drive it with `--streams` concurrent streams, taking turns, once per rate. Rate 0 means the server writes as fast
+as it can, so the client is the bottleneck: that row is the headroom (goal: ours / theirs >= 1.5x). A paced rate
+(tokens/s per stream) shows how close each client stays to what the server offers. Prints tokens/s each processed
+(all tokens / the client's own measured duration), ours / theirs, and our client's CPU time per token.
 """
 import argparse
 import asyncio
@@ -59,17 +60,10 @@ def theirs(url: str, args, tmp: Path, i: int) -> dict:
             "failed": args.requests - r["completed"]}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--streams", type=int, default=256)
-    ap.add_argument("--requests", type=int, default=512)
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--rate", type=float, default=100.0, help="tokens/s per stream offered by the null server")
-    ap.add_argument("--rounds", type=int, default=2)
-    args = ap.parse_args()
+def measure(args, rate: float, tmp: Path) -> tuple[float, float, float]:
     port = _port()
     server = subprocess.Popen([sys.executable, "-m", "infra.nullserver", "--port", str(port), "--tokens-per-s",
-                               str(args.rate)], cwd=Path(__file__).resolve().parents[1])
+                               str(rate)], cwd=Path(__file__).resolve().parents[1])
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(100):
@@ -78,21 +72,34 @@ def main() -> None:
                 break
             except httpx.TransportError:
                 time.sleep(0.1)
-        with tempfile.TemporaryDirectory() as tmp:
-            runs = {"ours": [], "theirs": []}
-            for i in range(args.rounds):
-                runs["ours"].append(ours(url, args))
-                runs["theirs"].append(theirs(url, args, Path(tmp), i))
-                print(f"round {i + 1}: ours {runs['ours'][-1]}, theirs {runs['theirs'][-1]}", flush=True)
+        runs = {"ours": [], "theirs": []}
+        for i in range(args.rounds):
+            runs["ours"].append(ours(url, args))
+            runs["theirs"].append(theirs(url, args, tmp, i))
+            print(f"rate {rate:g}, round {i + 1}: ours {runs['ours'][-1]}, theirs {runs['theirs'][-1]}", flush=True)
     finally:
         server.terminate()
-    a = sum(r["tok_s"] for r in runs["ours"]) / args.rounds
-    b = sum(r["tok_s"] for r in runs["theirs"]) / args.rounds
-    offered = args.streams * args.rate
-    print(f"\n{args.streams} streams x {args.rate:.0f} tok/s offered ({offered:.0f} tok/s), {args.requests} requests of "
-          f"{args.tokens} tokens, {args.rounds} rounds each, alternating")
-    print(f"ours: {a:.0f} tok/s processed; vllm bench serve: {b:.0f} tok/s; ours / theirs = {a / b:.2f}x")
-    print(f"our client's CPU per token: {sum(r['cpu_us_per_token'] for r in runs['ours']) / args.rounds:.1f} us")
+        server.wait()
+    mean = lambda side, key: sum(r[key] for r in runs[side]) / args.rounds  # noqa: E731
+    return mean("ours", "tok_s"), mean("theirs", "tok_s"), mean("ours", "cpu_us_per_token")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--streams", type=int, default=256)
+    ap.add_argument("--requests", type=int, default=512)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rates", default="0,100", help="tokens/s per stream offered by the null server; 0 = unpaced")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [(float(rate), *measure(args, float(rate), Path(tmp))) for rate in args.rates.split(",")]
+    print(f"\n{args.streams} streams, {args.requests} requests of {args.tokens} tokens, {args.rounds} rounds per "
+          f"client per rate, alternating")
+    for rate, a, b, cpu in rows:
+        offered = "unpaced (client-bound)" if rate == 0 else f"{rate:g} tok/s per stream ({rate * args.streams:.0f} offered)"
+        print(f"{offered}: ours {a:.0f} tok/s, vllm bench serve {b:.0f} tok/s, ours / theirs = {a / b:.2f}x; "
+              f"our CPU per token {cpu:.1f} us")
 
 
 if __name__ == "__main__":
