@@ -108,8 +108,8 @@ async def _one(client: SseClient, path: str, body: dict, record: RequestRecord) 
         record.error = str(exc)
         return record
     record.e2e_ms = (time.perf_counter() - start) * 1000
-    if record.completion_tokens > 1 and not np.isnan(record.ttft_ms):
-        record.tpot_ms = (record.e2e_ms - record.ttft_ms) / (record.completion_tokens - 1)
+    if record.completion_tokens > 1 and last is not None:  # first to last token, as vllm bench serve counts it
+        record.tpot_ms = ((last - start) * 1000 - record.ttft_ms) / (record.completion_tokens - 1)
     record.ok = record.completion_tokens > 0
     if not record.ok and not record.error:
         record.error = "no usage in the stream"
