@@ -66,7 +66,7 @@ class _Connection(asyncio.Protocol):
                 self._body(self.buf, now)
                 self.buf = b""
         except Exception as exc:  # noqa: BLE001 - a callback or framing error ends this request, not the loop
-            self._fail(f"{type(exc).__name__}: {exc}")
+            self._fail(str(exc) if isinstance(exc, StreamError) else f"{type(exc).__name__}: {exc}")
 
     def _parse_head(self) -> bool:
         end = self.buf.find(b"\r\n\r\n")

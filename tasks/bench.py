@@ -90,6 +90,8 @@ async def _one(client: SseClient, path: str, body: dict, record: RequestRecord) 
         if data == b"[DONE]":
             return
         chunk = orjson.loads(data)  # 5x json.loads: this runs once per streamed token
+        if "error" in chunk or chunk.get("object") == "error":  # vLLM reports a failure inside the stream
+            raise StreamError(f"error event in the stream: {str(chunk.get('error') or chunk)[:300]}")
         for choice in chunk.get("choices") or ():
             if _text_of(choice):
                 if last is None:

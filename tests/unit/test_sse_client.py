@@ -5,6 +5,7 @@ import asyncio
 import pytest
 
 from infra.sse import SseClient, StreamError
+from tasks.bench import RequestRecord, _one
 
 
 def chunked(*pieces: bytes) -> bytes:
@@ -111,3 +112,26 @@ def test_silent_server_times_out_and_refused_connection_is_named():
 
     with pytest.raises(StreamError, match="cannot connect to 127.0.0.1"):
         asyncio.run(refused())
+
+
+def test_benchmark_request_records_tokens_timing_and_an_error_event():
+    good = OK_HEAD + chunked(b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n',
+                             b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n',
+                             b'data: {"choices":[{"delta":{"content":" there"}}]}\n\n',
+                             b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n'
+                             b'data: [DONE]\n\n')
+    bad = OK_HEAD + chunked(b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n',
+                            b'data: {"error": {"message": "engine dead", "code": 500}}\n\n', b'data: [DONE]\n\n')
+
+    async def main():
+        server, url, _ = await serve([good, bad], split=40)
+        client = SseClient(url, timeout_s=10)
+        records = [await _one(client, "/v1/chat/completions", {}, RequestRecord(i)) for i in range(2)]
+        client.close()
+        server.close()
+        return records
+
+    ok, failed = asyncio.run(main())
+    assert ok.ok and (ok.prompt_tokens, ok.completion_tokens) == (5, 2)
+    assert ok.ttft_ms > 0 and len(ok.itl_ms) == 1 and ok.tpot_ms == pytest.approx(ok.itl_ms[0])  # role chunk ignored
+    assert not failed.ok and "error event in the stream" in failed.error and "engine dead" in failed.error
