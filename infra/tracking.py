@@ -65,10 +65,13 @@ class Tracker:
         self.client.log_text(run_id, text, name)
 
     def table(self, run_id: str, frame: pd.DataFrame, name: str) -> None:
+        """`name` as CSV, plus MLflow's table artifact beside it (`<stem>.json`): shown as a table in the UI and
+        loadable across arms: `MlflowClient().load_table(experiment_id, "<stem>.json", extra_columns=["run_id"])`."""
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / name
             frame.to_csv(path, index=False)
             self.client.log_artifact(run_id, str(path))
+        self.client.log_table(run_id, frame, f"{Path(name).stem}.json")
 
     def finish(self, run_id: str, ok: bool) -> None:
         self.client.set_terminated(run_id, "FINISHED" if ok else "FAILED")

@@ -1,3 +1,4 @@
+import pandas as pd
 import pytest
 
 from infra.tracking import Tracker
@@ -20,3 +21,16 @@ def test_runs_nest_and_a_failing_block_marks_the_run_failed(tmp_path):
     assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parent
     assert run.data.metrics == {"acceptance_rate": 0.5}
     assert client.get_experiment(exp).artifact_location == (tmp_path / "mlruns").as_uri()
+
+
+def test_tables_load_across_arms_with_mlflow(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")  # load_table searches globally
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = tracker.experiment("t")
+    runs = [tracker.start(exp, arm, {"specdiag.kind": "arm"}) for arm in ("a", "b")]
+    for i, run in enumerate(runs):
+        tracker.table(run, pd.DataFrame({"index": [0, 1], "ttft_ms": [10.0 + i, 20.0 + i]}), "requests.csv")
+    assert {a.path for a in tracker.client.list_artifacts(runs[0])} == {"requests.csv", "requests.json"}
+    both = tracker.client.load_table(exp, "requests.json", run_ids=runs, extra_columns=["run_id"])
+    assert len(both) == 4 and set(both["run_id"]) == set(runs)
+    assert both.groupby("run_id")["ttft_ms"].sum().to_dict() == {runs[0]: 30.0, runs[1]: 32.0}
