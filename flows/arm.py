@@ -20,6 +20,7 @@ from tasks.launch import launch_server
 from tasks.record import ArmEvidence, ArmResult, record_arm
 from tasks.scrape import counter_metrics, log_crosscheck, scrape, spec_totals, spec_window
 from tasks.teardown import teardown
+from tasks.verdict import decision_thresholds
 
 
 @flow(name="arm", flow_run_name="arm-{arm.name}", log_prints=True)
@@ -46,7 +47,8 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
         warmup(server.base_url, bench_cfg, prompts[:cfg.bench.warmup])
         ev.before = scrape(server)
         ev.bench = benchmark(server.base_url, bench_cfg, prompts[cfg.bench.warmup:],
-                             spec_window(server, ev.before) if arm.spec else None)
+                             spec_window(server, ev.before) if arm.spec else None,
+                             decision_thresholds(arm.role, offline))
         ev.after = scrape(server)
         ev.metrics["bench_s"] = time.monotonic() - bench_start
         ev.metrics.update(counter_metrics(arm.name, ev.before, ev.after, speculative=arm.spec is not None))

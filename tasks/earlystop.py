@@ -1,7 +1,10 @@
 """Early stop: end an arm's measured window once its numbers are as precise as the verdict needs.
 
 Sequential intervals, checked after every completed request: acceptance's Wilson interval over the drafts
-counted so far (the engine's counters, read mid-window) and per-request tok/s's t-interval. A token or time
+counted so far (the engine's counters, read mid-window) and per-request tok/s's t-interval. Acceptance is known
+well enough once its interval is narrow (`acceptance_half_width`) or, over at least the verdict's minimum of drafts,
+lies clear of every threshold the verdict will test this arm against (`decisions`, from tasks/verdict.py): a
+drafter at 0.36 need not be pinned to +-0.05 for the verdict to call it "below 0.6 and above 0.1". A token or time
 budget stops the window regardless. Checking after every request makes the nominal 95% slightly optimistic;
 the targets are set tighter than the verdict's margins to absorb that.
 """
@@ -23,6 +26,8 @@ class Progress:
     request_tok_s: list[float]
     drafts: float | None = None  # None: no speculative decoding on this arm
     accepted_rate: float = 0.0
+    decisions: tuple[float, ...] = ()  # acceptance thresholds the verdict compares this arm with
+    min_drafts: int = 30  # tasks.verdict.MIN_DRAFTS: the verdict decides nothing from fewer drafts
 
 
 def should_stop(cfg: BenchConfig, p: Progress) -> str:
@@ -40,7 +45,10 @@ def should_stop(cfg: BenchConfig, p: Progress) -> str:
     if p.drafts is None:
         return f"tok/s known to +-{tok_rel:.0%} after {p.requests_ok} requests"
     a_lo, a_hi = wilson(p.accepted_rate * p.drafts, p.drafts)
-    if (a_hi - a_lo) / 2 > cfg.acceptance_half_width:
-        return ""
-    return (f"acceptance known to +-{(a_hi - a_lo) / 2:.3f} over {p.drafts:.0f} drafts and tok/s to +-{tok_rel:.0%} "
-            f"after {p.requests_ok} requests")
+    tail = f"over {p.drafts:.0f} drafts and tok/s to +-{tok_rel:.0%} after {p.requests_ok} requests"
+    if (a_hi - a_lo) / 2 <= cfg.acceptance_half_width:
+        return f"acceptance known to +-{(a_hi - a_lo) / 2:.3f} {tail}"
+    if p.decisions and p.drafts >= p.min_drafts and not any(a_lo <= t <= a_hi for t in p.decisions):
+        return (f"acceptance [{a_lo:.3f}-{a_hi:.3f}] clear of the verdict's thresholds "
+                f"{', '.join(f'{t:g}' for t in sorted(p.decisions))} {tail}")
+    return ""

@@ -31,6 +31,18 @@ NARROW = 0.15  # intervals narrower than this that overlap mean "as good as the 
 INTEGRATION_RATIO = 0.5
 
 
+def decision_thresholds(role: str, offline: dict[str, float] | None = None) -> tuple[float, ...]:
+    """The acceptance values the rules below compare an arm of this role with, for the early stop: the candidate
+    and probes against NEAR_ZERO, HEALTHY and (offline known) the integration bound; the control against
+    CONTROL_GOOD and HEALTHY. Comparisons between arms (control vs candidate, probe vs candidate) are not known
+    while one arm runs; MIN_DRAFTS and the fixed half-width cover them."""
+    if role == "control":
+        return CONTROL_GOOD, HEALTHY
+    out = (NEAR_ZERO, HEALTHY)
+    off = offline_interval(offline or {})
+    return out + ((round(INTEGRATION_RATIO * off[0], 4),) if off and off[0] >= NEAR_ZERO else ())
+
+
 @dataclass
 class Verdict:
     cause: str

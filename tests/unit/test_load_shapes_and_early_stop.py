@@ -10,6 +10,8 @@ import pytest
 
 from infra.config import BenchConfig
 from tasks.bench import BenchResult, RequestRecord, benchmark
+from tasks import verdict
+from tasks.verdict import decision_thresholds
 from tasks.earlystop import Progress, should_stop
 
 
@@ -63,8 +65,8 @@ def test_early_stop_ends_the_window_once_precise(null_server):
     assert len(benchmark.fn(null_server, budget, ["hi"] * 40).records) == 5
 
 
-def _progress(n=10, tok_s=(10.0, 10.1, 9.9, 10.0), drafts=None, rate=0.0):
-    return Progress(n, 100 * n, 5.0, list(tok_s) * 3, drafts, rate)
+def _progress(n=10, tok_s=(10.0, 10.1, 9.9, 10.0), drafts=None, rate=0.0, decisions=()):
+    return Progress(n, 100 * n, 5.0, list(tok_s) * 3, drafts, rate, decisions)
 
 
 def test_stop_rule_waits_for_both_intervals():
@@ -91,3 +93,22 @@ def test_concurrency_sweep_gives_one_row_per_level(null_server):
     assert list(frame["concurrency"]) == [1, 4] and (frame["requests_failed"] == 0).all()
     assert frame.loc[1, "output_tok_s"] > 2 * frame.loc[0, "output_tok_s"]  # 4 streams: more tokens per second
     assert {"output_tok_s_c1", "tpot_ms_p50_c4"} <= set(sweep_metrics(frame))
+
+
+def test_acceptance_clear_of_the_verdicts_thresholds_is_enough():
+    cfg = BenchConfig()
+    candidate = decision_thresholds("candidate")
+    assert candidate == (verdict.NEAR_ZERO, verdict.HEALTHY) and Progress(1, 1, 1, [1.0]).min_drafts == verdict.MIN_DRAFTS
+    # 0.36 over 60 drafts is [0.25, 0.48]: far from +-0.05, but below 0.6 and above 0.1 whatever more drafts say
+    assert "clear of the verdict's thresholds 0.1, 0.6" in should_stop(cfg, _progress(drafts=60, rate=0.36,
+                                                                                        decisions=candidate))
+    assert should_stop(cfg, _progress(drafts=60, rate=0.36)) == ""  # no thresholds: the half-width rule alone
+    assert should_stop(cfg, _progress(drafts=20, rate=0.36, decisions=candidate)) == ""  # under MIN_DRAFTS
+    assert should_stop(cfg, _progress(drafts=60, rate=0.55, decisions=candidate)) == ""  # [0.42, 0.67] holds 0.6
+    # the control is judged against CONTROL_GOOD: 0.36 over 60 drafts still straddles 0.3
+    assert should_stop(cfg, _progress(drafts=60, rate=0.36, decisions=decision_thresholds("control"))) == ""
+    # with the offline acceptance known, half its lower bound is a threshold too (the integration rule)
+    offline = {"offline_acceptance_rate": 0.4, "offline_num_slots": 600, "offline_mean_acceptance_length": 1.5}
+    bound = decision_thresholds("candidate", offline)[-1]
+    assert bound == pytest.approx(verdict.INTEGRATION_RATIO * verdict.offline_interval(offline)[0], abs=1e-4)
+    assert should_stop(cfg, _progress(drafts=60, rate=bound, decisions=(bound,))) == ""
