@@ -69,14 +69,13 @@ def main() -> None:
             warmup.fn(url, BenchConfig(warmup=2), prompts[:2])
             ours(url, prompts, args.max_tokens)  # one unmeasured pass: the server's first pass over new shapes is slow
             runs = {"ours": [], "theirs": []}
+            sides = {"ours": lambda i: ours(url, prompts, args.max_tokens),
+                     "theirs": lambda i: theirs(url, target, pfile, args.prompts, args.max_tokens, Path(tmp) / f"r{i}.json")}
             for i in range(args.rounds):  # ABBA: who goes first alternates, so a steady drift cancels out
-                first_ours = i % 2 == 0
-                if first_ours:
-                    runs["ours"].append(ours(url, prompts, args.max_tokens))
-                runs["theirs"].append(theirs(url, target, pfile, args.prompts, args.max_tokens, Path(tmp) / f"r{i}.json"))
-                if not first_ours:
-                    runs["ours"].append(ours(url, prompts, args.max_tokens))
-                print(f"round {i + 1} ({'ours' if first_ours else 'theirs'} first): ours {runs['ours'][-1]}\n"
+                order = ["ours", "theirs"] if i % 2 == 0 else ["theirs", "ours"]
+                for side in order:
+                    runs[side].append(sides[side](i))
+                print(f"round {i + 1} ({order[0]} first): ours {runs['ours'][-1]}\n"
                       f"         theirs {runs['theirs'][-1]}", flush=True)
         finally:
             ex.stop_group(proc.pgid)

@@ -40,8 +40,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.lost = True
         if self.done and not self.done.done():
-            if self.mode == "close":  # body delimited by the end of the connection
-                self._body(self.buf, time.perf_counter())
+            if self.mode == "close":  # body delimited by the end of the connection (data_received passed it all on)
                 self._finish()
             else:
                 self._fail(f"connection closed by the server mid-response ({exc or 'EOF'})")

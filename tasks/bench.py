@@ -106,7 +106,7 @@ async def _one(client: SseClient, path: str, body: dict, record: RequestRecord) 
 
     try:
         await client.post(path, body, on_event)
-    except (StreamError, orjson.JSONDecodeError) as exc:
+    except StreamError as exc:  # on_event's own errors (bad JSON, error events) arrive as StreamError too
         record.error = str(exc)
         return record
     record.e2e_ms = (time.perf_counter() - start) * 1000

@@ -63,6 +63,21 @@ def test_events_survive_any_split_of_chunks_and_sse_frames_and_connection_is_reu
     assert connections == 1  # keep-alive: both requests on one connection
 
 
+def test_body_without_framing_ends_with_the_connection():
+    response = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: {\"a\": 1}\n\ndata: [DONE]\n\n"
+
+    async def main():
+        server, url, _ = await serve([response], split=9, close_after=True)
+        client = SseClient(url, timeout_s=10)
+        events = await collect(client)
+        reused = client.conn is not None and client.conn.keep_alive
+        server.close()
+        return events, reused
+
+    events, reused = asyncio.run(main())
+    assert events == [b'{"a": 1}', b"[DONE]"] and not reused  # complete, and never reused
+
+
 def test_http_error_names_status_and_body():
     body = b'{"error": "model not found"}'
     response = b"HTTP/1.1 404 Not Found\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
