@@ -93,7 +93,9 @@ async def _one(client: SseClient, path: str, body: dict, record: RequestRecord) 
         if "error" in chunk or chunk.get("object") == "error":  # vLLM reports a failure inside the stream
             raise StreamError(f"error event in the stream: {str(chunk.get('error') or chunk)[:300]}")
         for choice in chunk.get("choices") or ():
-            if _text_of(choice):
+            # A token chunk, or the textless finish chunk that carries a stop token (EOS): usage counts that token,
+            # so its interval belongs in TPOT and ITL too (vllm bench serve counts it the same way).
+            if _text_of(choice) or (last is not None and choice.get("finish_reason")):
                 if last is None:
                     record.ttft_ms = (now - start) * 1000
                 else:

@@ -150,3 +150,25 @@ def test_benchmark_request_records_tokens_timing_and_an_error_event():
     assert ok.ok and (ok.prompt_tokens, ok.completion_tokens) == (5, 2)
     assert ok.ttft_ms > 0 and len(ok.itl_ms) == 1 and ok.tpot_ms == pytest.approx(ok.itl_ms[0])  # role chunk ignored
     assert not failed.ok and "error event in the stream" in failed.error and "engine dead" in failed.error
+
+
+def test_a_stop_token_chunk_without_text_counts_in_tpot_and_itl():
+    """vLLM ends an EOS-stopped stream with an empty-content finish chunk; usage counts the EOS token."""
+    body = OK_HEAD + chunked(b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n',
+                             b'data: {"choices":[{"delta":{"content":"Hi"},"finish_reason":null}]}\n\n',
+                             b'data: {"choices":[{"delta":{"content":" there"},"finish_reason":null}]}\n\n',
+                             b'data: {"choices":[{"delta":{"content":""},"finish_reason":"stop"}]}\n\n',
+                             b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}\n\n'
+                             b'data: [DONE]\n\n')
+
+    async def main():
+        server, url, _ = await serve([body], split=40)
+        client = SseClient(url, timeout_s=10)
+        record = await _one(client, "/v1/chat/completions", {}, RequestRecord(0))
+        client.close()
+        server.close()
+        return record
+
+    record = asyncio.run(main())
+    assert record.completion_tokens == 3 and len(record.itl_ms) == 2
+    assert record.tpot_ms == pytest.approx(sum(record.itl_ms) / 2)
