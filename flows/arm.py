@@ -12,6 +12,7 @@ from infra.arms import Arm, local_dir, plan_server
 from infra.config import Profile
 from infra.executor import executor_for
 from infra.hostlock import host_lock
+from infra.stats import mean_interval
 from infra.tracking import Tracker
 from tasks.bench import benchmark, sweep, sweep_metrics, warmup
 from tasks.cleanup import cleanup
@@ -25,7 +26,9 @@ from tasks.verdict import decision_thresholds
 
 @flow(name="arm", flow_run_name="arm-{arm.name}", log_prints=True)
 def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, parent_run_id: str,
-            workdir: str, prompts: list[str], offline: dict[str, float] | None = None) -> ArmResult:
+            workdir: str, prompts: list[str], offline: dict[str, float] | None = None,
+            baseline_tok_s: list[float] | None = None) -> ArmResult:
+    """baseline_tok_s: the baseline arm's per-request tok/s, once measured: the early stop compares with it."""
     tracker = Tracker(tracking_uri)
     tags = {"specdiag.kind": "arm", "specdiag.arm": arm.name, "specdiag.drafter": arm.drafter or "none",
             "specdiag.role": arm.role, "specdiag.probe": arm.probe or "none"}
@@ -48,7 +51,8 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
         ev.before = scrape(server)
         ev.bench = benchmark(server.base_url, bench_cfg, prompts[cfg.bench.warmup:],
                              spec_window(server, ev.before) if arm.spec else None,
-                             decision_thresholds(arm.role, offline))
+                             decision_thresholds(arm.role, offline),
+                             mean_interval(baseline_tok_s)[1:] if baseline_tok_s and len(baseline_tok_s) > 1 else None)
         ev.after = scrape(server)
         ev.metrics["bench_s"] = time.monotonic() - bench_start
         ev.metrics.update(counter_metrics(arm.name, ev.before, ev.after, speculative=arm.spec is not None))

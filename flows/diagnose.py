@@ -54,8 +54,11 @@ def diagnose(profile: str = "demo", drafter: str | None = None, control: str | N
         findings = inspect_arms(target, drafters, cfg.host)  # seconds, before any server
         tracker.text(parent, findings_markdown(findings), "static_checks.md")
         offline = offline_eval(cfg, drafters, target, prompts[cfg.bench.warmup:], workdir, tracker, parent)
-        results = [run_arm(cfg, arm, tracker.uri, experiment, parent, workdir, prompts, offline.get(arm.name))
-                   for arm in drafters]
+        results: list[ArmResult] = []
+        for arm in drafters:  # in order, the baseline first: later arms' early stop compares with its tok/s
+            base = next((r.request_tok_s for r in results if r.role == "baseline" and r.ok), None)
+            results.append(run_arm(cfg, arm, tracker.uri, experiment, parent, workdir, prompts,
+                                   offline.get(arm.name), base))
         table = compare(tracker, parent, results)
         decision = verdict(tracker, parent, results, findings)
         plots(tracker, parent, results)

@@ -4,8 +4,9 @@ Sequential intervals, checked after every completed request: acceptance's Wilson
 counted so far (the engine's counters, read mid-window) and per-request tok/s's t-interval. Acceptance is known
 well enough once its interval is narrow (`acceptance_half_width`) or, over at least the verdict's minimum of drafts,
 lies clear of every threshold the verdict will test this arm against (`decisions`, from tasks/verdict.py): a
-drafter at 0.36 need not be pinned to +-0.05 for the verdict to call it "below 0.6 and above 0.1". A token or time
-budget stops the window regardless. Checking after every request makes the nominal 95% slightly optimistic;
+drafter at 0.36 need not be pinned to +-0.05 for the verdict to call it "below 0.6 and above 0.1". Likewise tok/s
+is known well enough once narrow (`tok_s_rel_half_width`) or clear of the baseline arm's interval: the speedup's
+side of 1 is then settled. A token or time budget stops the window regardless. Checking after every request makes the nominal 95% slightly optimistic;
 the targets are set tighter than the verdict's margins to absorb that.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Progress:
     accepted_rate: float = 0.0
     decisions: tuple[float, ...] = ()  # acceptance thresholds the verdict compares this arm with
     min_drafts: int = 30  # tasks.verdict.MIN_DRAFTS: the verdict decides nothing from fewer drafts
+    baseline_tok_s: tuple[float, float] | None = None  # the baseline arm's per-request tok/s interval, if measured
 
 
 def should_stop(cfg: BenchConfig, p: Progress) -> str:
@@ -40,12 +42,17 @@ def should_stop(cfg: BenchConfig, p: Progress) -> str:
         return ""
     mean, lo, hi = mean_interval(p.request_tok_s)
     tok_rel = (hi - lo) / 2 / mean if mean > 0 else float("inf")
-    if tok_rel > cfg.tok_s_rel_half_width:
+    base = p.baseline_tok_s
+    if tok_rel <= cfg.tok_s_rel_half_width:
+        tok = f"known to +-{tok_rel:.0%}"
+    elif base and (lo > base[1] or hi < base[0]):
+        tok = f"[{lo:.1f}-{hi:.1f}] clear of the baseline's [{base[0]:.1f}-{base[1]:.1f}]"
+    else:
         return ""
     if p.drafts is None:
-        return f"tok/s known to +-{tok_rel:.0%} after {p.requests_ok} requests"
+        return f"tok/s {tok} after {p.requests_ok} requests"
     a_lo, a_hi = wilson(p.accepted_rate * p.drafts, p.drafts)
-    tail = f"over {p.drafts:.0f} drafts and tok/s to +-{tok_rel:.0%} after {p.requests_ok} requests"
+    tail = f"over {p.drafts:.0f} drafts and tok/s {tok} after {p.requests_ok} requests"
     if (a_hi - a_lo) / 2 <= cfg.acceptance_half_width:
         return f"acceptance known to +-{(a_hi - a_lo) / 2:.3f} {tail}"
     if p.decisions and p.drafts >= p.min_drafts and not any(a_lo <= t <= a_hi for t in p.decisions):

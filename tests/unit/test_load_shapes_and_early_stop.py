@@ -65,8 +65,8 @@ def test_early_stop_ends_the_window_once_precise(null_server):
     assert len(benchmark.fn(null_server, budget, ["hi"] * 40).records) == 5
 
 
-def _progress(n=10, tok_s=(10.0, 10.1, 9.9, 10.0), drafts=None, rate=0.0, decisions=()):
-    return Progress(n, 100 * n, 5.0, list(tok_s) * 3, drafts, rate, decisions)
+def _progress(n=10, tok_s=(10.0, 10.1, 9.9, 10.0), drafts=None, rate=0.0, decisions=(), baseline=None):
+    return Progress(n, 100 * n, 5.0, list(tok_s) * 3, drafts, rate, decisions, baseline_tok_s=baseline)
 
 
 def test_stop_rule_waits_for_both_intervals():
@@ -112,3 +112,15 @@ def test_acceptance_clear_of_the_verdicts_thresholds_is_enough():
     bound = decision_thresholds("candidate", offline)[-1]
     assert bound == pytest.approx(verdict.INTEGRATION_RATIO * verdict.offline_interval(offline)[0], abs=1e-4)
     assert should_stop(cfg, _progress(drafts=60, rate=bound, decisions=(bound,))) == ""
+
+
+def test_tok_s_clear_of_the_baseline_is_enough():
+    cfg, noisy = BenchConfig(), (5.0, 15.0, 8.0, 12.0)  # mean 10 +-27%: not narrow enough on its own
+    assert should_stop(cfg, _progress(tok_s=noisy)) == ""
+    # ... but wholly below the baseline's [20, 22]: a slowdown, whatever more requests say
+    assert "clear of the baseline's [20.0-22.0]" in should_stop(cfg, _progress(tok_s=noisy, baseline=(20.0, 22.0)))
+    assert "clear of the baseline's" in should_stop(cfg, _progress(tok_s=noisy, baseline=(2.0, 4.0)))  # a speedup
+    assert should_stop(cfg, _progress(tok_s=noisy, baseline=(11.0, 13.0))) == ""  # overlaps: speedup ~1 undecided
+    # acceptance must still be settled too
+    assert should_stop(cfg, _progress(tok_s=noisy, baseline=(20.0, 22.0), drafts=40, rate=0.5)) == ""
+    assert "acceptance known" in should_stop(cfg, _progress(tok_s=noisy, baseline=(20.0, 22.0), drafts=400, rate=0.5))
