@@ -70,7 +70,8 @@ SERVER_SERIES = ("vllm:inter_token_latency_seconds_sum", "vllm:inter_token_laten
 
 def server_counters(url: str) -> dict[str, float]:
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    found = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name in SERVER_SERIES}
+    found = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+             if s.name in SERVER_SERIES}
     if missing := set(SERVER_SERIES) - set(found):
         sys.exit(f"the server's /metrics lacks {sorted(missing)}")
     return found
@@ -83,8 +84,8 @@ def with_server_view(url: str, run) -> dict:
     before, result, after = server_counters(url), run(), server_counters(url)
     d = {k: after[k] - before[k] for k in SERVER_SERIES}
     itl = d["vllm:inter_token_latency_seconds_sum"] / d["vllm:inter_token_latency_seconds_count"] * 1000
-    server = {"tpot_ms_mean": itl, "itl_ms_mean": itl,
-              "ttft_ms_mean": d["vllm:time_to_first_token_seconds_sum"] / d["vllm:time_to_first_token_seconds_count"] * 1000,
+    ttft = d["vllm:time_to_first_token_seconds_sum"] / d["vllm:time_to_first_token_seconds_count"] * 1000
+    server = {"tpot_ms_mean": itl, "itl_ms_mean": itl, "ttft_ms_mean": ttft,
               "output_tok_s": d["vllm:generation_tokens_total"] / d["vllm:e2e_request_latency_seconds_sum"]}
     return {**result, "server_itl_ms": itl,
             **{f"{k}/server": result[k] / server[k] for k in server}}
@@ -118,15 +119,15 @@ def main() -> None:
             wait_healthy.fn(Server("fidelity", proc, url, ex), timeout_s=600)
             warmup.fn(url, BenchConfig(warmup=2), prompts[:2])
             runs = {"ours": [], "theirs": []}
-            sides = {"ours": lambda i: with_server_view(url, lambda: ours(url, prompts, args.max_tokens)),
-                     "theirs": lambda i: with_server_view(url, lambda: theirs(url, target, pfile, args.prompts,
-                                                                             args.max_tokens, Path(tmp) / f"r{i}.json"))}
+            sides = {"ours": lambda i: ours(url, prompts, args.max_tokens),
+                     "theirs": lambda i: theirs(url, target, pfile, args.prompts, args.max_tokens,
+                                                Path(tmp) / f"r{i}.json")}
             for side in sides.values():  # one unmeasured pass each: the server's first passes over new shapes are
                 side(-1)                  # faster or slower than its steady state, and theirs loads from a cold disk
             for i in range(args.rounds):  # ABBA: who goes first alternates, so a steady drift cancels out
                 order = ["ours", "theirs"] if i % 2 == 0 else ["theirs", "ours"]
                 for side in order:
-                    runs[side].append(sides[side](i))
+                    runs[side].append(with_server_view(url, lambda: sides[side](i)))
                 print(f"round {i + 1} ({order[0]} first): ours {runs['ours'][-1]}\n"
                       f"         theirs {runs['theirs'][-1]}", flush=True)
         finally:
