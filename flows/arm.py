@@ -21,7 +21,7 @@ from tasks.launch import launch_server
 from tasks.record import ArmEvidence, ArmResult, record_arm
 from tasks.scrape import counter_metrics, log_crosscheck, scrape, spec_totals, spec_window
 from tasks.teardown import teardown
-from tasks.verdict import decision_thresholds
+from tasks.verdict import decision_thresholds, speed_judged
 
 
 @flow(name="arm", flow_run_name="arm-{arm.name}", log_prints=True)
@@ -52,7 +52,8 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
         ev.bench = benchmark(server.base_url, bench_cfg, prompts[cfg.bench.warmup:],
                              spec_window(server, ev.before) if arm.spec else None,
                              decision_thresholds(arm.role, offline),
-                             mean_interval(baseline_tok_s)[1:] if baseline_tok_s and len(baseline_tok_s) > 1 else None)
+                             mean_interval(baseline_tok_s)[1:] if baseline_tok_s and len(baseline_tok_s) > 1 else None,
+                             speed_judged(arm.role))
         ev.after = scrape(server)
         ev.metrics["bench_s"] = time.monotonic() - bench_start
         ev.metrics.update(counter_metrics(arm.name, ev.before, ev.after, speculative=arm.spec is not None))

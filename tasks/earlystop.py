@@ -6,7 +6,8 @@ well enough once its interval is narrow (`acceptance_half_width`) or, over at le
 lies clear of every threshold the verdict will test this arm against (`decisions`, from tasks/verdict.py): a
 drafter at 0.36 need not be pinned to +-0.05 for the verdict to call it "below 0.6 and above 0.1". Likewise tok/s
 is known well enough once narrow (`tok_s_rel_half_width`) or clear of the baseline arm's interval: the speedup's
-side of 1 is then settled. A token or time budget stops the window regardless. Checking after every request makes
+side of 1 is then settled. Arms whose speed the verdict does not judge (the control, probes: only their acceptance
+is compared) need not settle tok/s at all. A token or time budget stops the window regardless. Checking after every request makes
 the nominal 95% slightly optimistic; the targets are set tighter than the verdict's margins to absorb that.
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Progress:
     decisions: tuple[float, ...] = ()  # acceptance thresholds the verdict compares this arm with
     min_drafts: int = 30  # tasks.verdict.MIN_DRAFTS: the verdict decides nothing from fewer drafts
     baseline_tok_s: tuple[float, float] | None = None  # the baseline arm's per-request tok/s interval, if measured
+    tok_s_judged: bool = True  # False: the verdict reads only this arm's acceptance (tasks.verdict.speed_judged)
 
 
 def should_stop(cfg: BenchConfig, p: Progress) -> str:
@@ -47,12 +49,14 @@ def should_stop(cfg: BenchConfig, p: Progress) -> str:
         tok = f"known to +-{tok_rel:.0%}"
     elif base and (lo > base[1] or hi < base[0]):
         tok = f"[{lo:.1f}-{hi:.1f}] clear of the baseline's [{base[0]:.1f}-{base[1]:.1f}]"
-    else:
+    elif p.tok_s_judged or p.drafts is None:
         return ""
+    else:
+        tok = ""
     if p.drafts is None:
         return f"tok/s {tok} after {p.requests_ok} requests"
     a_lo, a_hi = wilson(p.accepted_rate * p.drafts, p.drafts)
-    tail = f"over {p.drafts:.0f} drafts and tok/s {tok} after {p.requests_ok} requests"
+    tail = f"over {p.drafts:.0f} drafts{f' and tok/s {tok}' if tok else ''} after {p.requests_ok} requests"
     if (a_hi - a_lo) / 2 <= cfg.acceptance_half_width:
         return f"acceptance known to +-{(a_hi - a_lo) / 2:.3f} {tail}"
     if p.decisions and p.drafts >= p.min_drafts and not any(a_lo <= t <= a_hi for t in p.decisions):

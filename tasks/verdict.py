@@ -43,6 +43,11 @@ def decision_thresholds(role: str, offline: dict[str, float] | None = None) -> t
     return out + ((round(INTEGRATION_RATIO * off[0], 4),) if off and off[0] >= NEAR_ZERO else ())
 
 
+def speed_judged(role: str) -> bool:
+    """Whether the verdict reads this arm's tok/s (the speedup over the baseline), not only its acceptance."""
+    return role not in ("control", "probe")
+
+
 @dataclass
 class Verdict:
     cause: str

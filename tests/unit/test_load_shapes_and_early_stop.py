@@ -65,8 +65,9 @@ def test_early_stop_ends_the_window_once_precise(null_server):
     assert len(benchmark.fn(null_server, budget, ["hi"] * 40).records) == 5
 
 
-def _progress(n=10, tok_s=(10.0, 10.1, 9.9, 10.0), drafts=None, rate=0.0, decisions=(), baseline=None):
-    return Progress(n, 100 * n, 5.0, list(tok_s) * 3, drafts, rate, decisions, baseline_tok_s=baseline)
+def _progress(n=10, tok_s=(10.0, 10.1, 9.9, 10.0), drafts=None, rate=0.0, decisions=(), baseline=None, judged=True):
+    return Progress(n, 100 * n, 5.0, list(tok_s) * 3, drafts, rate, decisions, baseline_tok_s=baseline,
+                    tok_s_judged=judged)
 
 
 def test_stop_rule_waits_for_both_intervals():
@@ -124,3 +125,19 @@ def test_tok_s_clear_of_the_baseline_is_enough():
     # acceptance must still be settled too
     assert should_stop(cfg, _progress(tok_s=noisy, baseline=(20.0, 22.0), drafts=40, rate=0.5)) == ""
     assert "acceptance known" in should_stop(cfg, _progress(tok_s=noisy, baseline=(20.0, 22.0), drafts=400, rate=0.5))
+
+
+def test_the_control_and_probes_need_only_their_acceptance():
+    cfg, noisy = BenchConfig(), (5.0, 15.0, 8.0, 12.0)  # tok/s unsettled, overlapping the baseline
+    assert verdict.speed_judged("candidate") and verdict.speed_judged("baseline")
+    assert not verdict.speed_judged("control") and not verdict.speed_judged("probe")
+    control = decision_thresholds("control")
+    # a control accepting 0.97 of 40 drafts is above 0.6 whatever more drafts say; its speed is not judged
+    reason = should_stop(cfg, _progress(tok_s=noisy, baseline=(9.0, 11.0), drafts=40, rate=0.97, decisions=control,
+                                        judged=False))
+    assert reason.startswith("acceptance [") and "tok/s" not in reason
+    # the same numbers on an arm whose speedup the verdict reports must wait for tok/s
+    assert should_stop(cfg, _progress(tok_s=noisy, baseline=(9.0, 11.0), drafts=40, rate=0.97, decisions=control)) == ""
+    # unsettled acceptance still holds it, and a no-spec arm always needs its tok/s
+    assert should_stop(cfg, _progress(tok_s=noisy, drafts=40, rate=0.5, decisions=control, judged=False)) == ""
+    assert should_stop(cfg, _progress(tok_s=noisy, judged=False)) == ""
