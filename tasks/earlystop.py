@@ -7,8 +7,9 @@ lies clear of every threshold the verdict will test this arm against (`decisions
 drafter at 0.36 need not be pinned to +-0.05 for the verdict to call it "below 0.6 and above 0.1". Likewise tok/s
 is known well enough once narrow (`tok_s_rel_half_width`) or clear of the baseline arm's interval: the speedup's
 side of 1 is then settled. Arms whose speed the verdict does not judge (the control, probes: only their acceptance
-is compared) need not settle tok/s at all. A token or time budget stops the window regardless. Checking after every request makes
-the nominal 95% slightly optimistic; the targets are set tighter than the verdict's margins to absorb that.
+is compared) need not settle tok/s at all. A token or time budget stops the window regardless. Checking after
+every request makes the nominal 95% slightly optimistic; the targets are set tighter than the verdict's margins to
+absorb that.
 """
 from __future__ import annotations
 
