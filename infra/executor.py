@@ -188,14 +188,11 @@ class LocalExecutor:
         return data.decode("utf-8", "replace"), offset + len(data)
 
     def fetch(self, path: str, dest: Path) -> Path:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, dest)
+        _copy(Path(path), Path(dest))
         return dest
 
     def put(self, local: Path, path: str) -> str:
-        if Path(path).resolve() != Path(local).resolve():
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(local, path)
+        _copy(Path(local), Path(path))
         return path
 
     def close(self) -> None:
@@ -221,6 +218,14 @@ class LocalExecutor:
 
     def base_url(self, port: int) -> str:
         return f"http://127.0.0.1:{port}"
+
+
+def _copy(src: Path, dest: Path) -> None:
+    """A local copy; onto itself it is a no-op (the host's run folder and this machine's copy can be one folder)."""
+    if dest.exists() and dest.resolve() == src.resolve():
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dest)
 
 
 def executor_for(host) -> Executor:

@@ -6,6 +6,7 @@ points at the drafter. Runs engine_side/offline_eval.py with the engine's Python
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect import task
@@ -22,6 +23,19 @@ SCRIPT = embedded.ENGINE_SIDE / "offline_eval.py"
 SCRIPTS = ("offline_eval.py", "eagle3_ref.py", "target_states.py")
 
 
+@dataclass
+class OfflineResult:
+    """arm name -> offline metrics, and how the evaluation went: ok, failed, skipped (why), or none (no arm chosen)."""
+
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    status: str = "none"
+    note: str = ""
+
+    def line(self) -> str | None:
+        """One line for the evidence and the summary when offline numbers were wanted but are missing."""
+        return f"offline evaluation {self.status}: {self.note}" if self.status in ("failed", "skipped") else None
+
+
 def offline_metrics(arm_result: dict) -> dict[str, float]:
     """The script's numbers for one arm, under the names the arm's MLflow run carries."""
     out = {"offline_acceptance_rate": arm_result["acceptance_rate"],
@@ -34,14 +48,15 @@ def offline_metrics(arm_result: dict) -> dict[str, float]:
 @task(name="offline-eval", cache_policy=NO_CACHE)
 def offline_eval(cfg: Profile, arms: list[Arm], target: str, prompts: list[str], workdir: str,
                  tracker: Tracker, parent_run_id: str,
-                 timeout_s: float = 900.0) -> dict[str, dict[str, float]]:
-    """arm name -> offline metrics, for the arms whose method the profile's `offline_eval` selects.
+                 timeout_s: float = 900.0) -> OfflineResult:
+    """Offline metrics for the arms whose method the profile's `offline_eval` selects.
 
-    A failure here never stops the diagnosis (the served arms still run); the error lands in the parent run.
+    A failure here never stops the diagnosis (the served arms still run); it is the parent run's tag
+    `specdiag.offline_eval`, its error file, and a line in the verdict's evidence.
     """
     chosen = [a for a in arms if a.spec and a.spec.method in METHODS[cfg.offline_eval] and not a.probe]
     if not chosen:
-        return {}
+        return OfflineResult()
     job = {"target": target, "prompts": prompts, "chat": cfg.bench.endpoint == "chat",
            "max_tokens": cfg.bench.max_tokens,
            "drafters": [{"arm": a.name, "method": a.spec.method, "path": a.spec.model,
@@ -67,11 +82,16 @@ def offline_eval(cfg: Profile, arms: list[Arm], target: str, prompts: list[str],
     finally:
         executor.close()
     if done.returncode != 0 or not out_file.exists():
-        tail = "\n".join((done.stderr or done.stdout).splitlines()[-10:])
+        lines = (done.stderr or done.stdout).splitlines()
+        tail = "\n".join(lines[-10:])
         print(f"offline evaluation failed (exit {done.returncode}); going on without it:\n{tail}")
         tracker.text(parent_run_id, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}", "offline_eval_error.txt")
-        return {}
-    tracker.file(parent_run_id, str(out_file))
-    report = json.loads(out_file.read_text())
-    print(f"offline evaluation: {report['target_tokens']} target tokens in {report['seconds']:.0f} s")
-    return {arm: offline_metrics(r) for arm, r in report["arms"].items()}
+        result = OfflineResult(status="failed", note=f"exit {done.returncode}: {lines[-1] if lines else 'no output'} "
+                                                     f"(offline_eval_error.txt)")
+    else:
+        tracker.file(parent_run_id, str(out_file))
+        report = json.loads(out_file.read_text())
+        print(f"offline evaluation: {report['target_tokens']} target tokens in {report['seconds']:.0f} s")
+        result = OfflineResult({arm: offline_metrics(r) for arm, r in report["arms"].items()}, "ok")
+    tracker.tag(parent_run_id, "specdiag.offline_eval", result.status)
+    return result

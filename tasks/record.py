@@ -22,6 +22,7 @@ class ArmResult:
     metrics: dict[str, float] = field(default_factory=dict)
     request_tok_s: list[float] = field(default_factory=list)  # per measured request, for intervals
     probe: str = ""  # the probe that derived this arm from the candidate, if any
+    method: str = ""  # the speculative method (eagle3, draft_model, ngram, ...); "" for the baseline
 
 
 @dataclass

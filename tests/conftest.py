@@ -1,7 +1,15 @@
-"""Shared fixtures: a real Prefect server (one per test session) and a real MLflow store per test."""
+"""Shared fixtures: a real Prefect server (one per test session), a real MLflow store per test, and the CLI run as
+users run it."""
 import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
+
+ROOT = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
@@ -19,3 +27,39 @@ def mlflow_uri(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
+
+
+@dataclass
+class Diagnosis:
+    """What a user has after `python flows/diagnose.py ...`: the exit code, the printed output, the MLflow record."""
+
+    returncode: int
+    output: str
+    client: MlflowClient
+    parent: object  # the parent run
+    arms: dict  # arm name -> child run
+
+    def artifact_text(self, run, name: str) -> str:
+        return Path(self.client.download_artifacts(run.info.run_id, name)).read_text(errors="replace")
+
+
+@pytest.fixture
+def cli(prefect_server, mlflow_uri):
+    """Run the README's main command as a subprocess with the CLI's defaults: the default host.workdir (runs/ in
+    the project), cache and artifact layout. Only two things are pointed elsewhere, both as a user can: the MLflow
+    store (MLFLOW_TRACKING_URI, so each test reads its own record) and the Prefect API (PREFECT_API_URL: the test
+    session's server, as a user with a persistent Prefect server has it; it saves booting one per command)."""
+    from prefect.settings import PREFECT_API_URL
+
+    def run(*args: str, timeout: float = 1500) -> Diagnosis:
+        env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri, "PREFECT_API_URL": PREFECT_API_URL.value(),
+               "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.run([sys.executable, "flows/diagnose.py", *args], cwd=ROOT, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+        client = MlflowClient(mlflow_uri)
+        runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+        parents = [r for r in runs if r.data.tags.get("specdiag.kind") == "diagnosis"]
+        assert len(parents) == 1, proc.stdout[-3000:]
+        arms = {r.data.tags["specdiag.arm"]: r for r in runs if r.data.tags.get("specdiag.kind") == "arm"}
+        return Diagnosis(proc.returncode, proc.stdout, client, parents[0], arms)
+    return run

@@ -1,8 +1,5 @@
 """The demo diagnosis on the real vLLM CPU engine: baseline, smol-permuted candidate, smol-self control."""
 import pytest
-from mlflow.tracking import MlflowClient
-
-from flows.diagnose import diagnose
 
 pytestmark = pytest.mark.e2e
 
@@ -12,17 +9,13 @@ SPEC_METRICS = {"acceptance_rate", "mean_acceptance_length", "num_drafts", "num_
                 "num_accepted_tokens", "acceptance_rate_pos_0", "acceptance_rate_pos_3", "log_draft_tokens"}
 
 
-def test_demo_diagnosis_records_every_arm(prefect_server, mlflow_uri, tmp_path, no_servers_left):
-    results = diagnose("demo", "smol-permuted", "smol-self", sets=[f"host.workdir={tmp_path / 'runs'}"])
-    assert [(r.arm, r.ok) for r in results] == [("baseline", True), ("smol-permuted", True), ("smol-self", True)]
-
-    client = MlflowClient(mlflow_uri)
-    exp = client.get_experiment_by_name("demo")
-    runs = client.search_runs([exp.experiment_id])
-    parents = [r for r in runs if r.data.tags.get("specdiag.kind") == "diagnosis"]
-    arms = {r.data.tags["specdiag.arm"]: r for r in runs if r.data.tags.get("specdiag.kind") == "arm"}
-    assert len(parents) == 1 and set(arms) == {"baseline", "smol-permuted", "smol-self"}
-    parent = parents[0]
+def test_demo_diagnosis_records_every_arm(cli, no_servers_left):
+    done = cli()  # the README's main job, `python flows/diagnose.py`, with every default
+    assert done.returncode == 0, done.output[-3000:]
+    assert "# Verdict: `vocab_mismatch`" in done.output and "MLflow:" in done.output
+    client, parent, arms = done.client, done.parent, done.arms
+    assert set(arms) == {"baseline", "smol-permuted", "smol-self"}
+    assert client.get_experiment(parent.info.experiment_id).name == "demo"
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {
         "comparison.csv", "comparison.md", "static_checks.md", "verdict.md", "acceptance_per_position.png",
         "throughput.png"}
@@ -56,3 +49,6 @@ def test_demo_diagnosis_records_every_arm(prefect_server, mlflow_uri, tmp_path, 
     assert good.data.params["drafter_path"] != bad.data.params["drafter_path"]
     # the engine's own log lines agree with the counters
     assert good.data.metrics["log_acceptance_rate"] > 0.9 and bad.data.metrics["log_acceptance_rate"] < 0.1
+    # the default host.workdir: the servers' logs stay in the project's runs/<diagnosis id>/, as a user finds them
+    from tests.conftest import ROOT
+    assert (ROOT / "runs" / parent.info.run_id / "smol-self.server.log").exists()

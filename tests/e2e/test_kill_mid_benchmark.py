@@ -3,13 +3,11 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
-from flows.diagnose import diagnose
 from infra import registry
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
 VICTIM = "smol-permuted"
@@ -19,8 +17,8 @@ def _kill_when_benchmarking(stop: threading.Event, killed: dict) -> None:
     """Wait until the victim's server has answered the warmup and started a measured request, then SIGKILL it."""
     while not stop.is_set():
         entry = next((e for e in registry.launched() if e["arm"] == VICTIM), None)
-        if entry:
-            logs = list(Path(killed["workdir"]).rglob(f"{VICTIM}.server.log"))
+        if entry:  # this diagnosis's log, in the default host.workdir (runs/<diagnosis id>/)
+            logs = [p for p in (ROOT / "runs").glob(f"*/{VICTIM}.server.log") if p.stat().st_mtime > killed["since"]]
             text = logs[0].read_text(errors="replace") if logs else ""
             if text.count("POST /v1/chat/completions") >= 2:  # warmup + first measured request
                 time.sleep(2.0)
@@ -30,31 +28,25 @@ def _kill_when_benchmarking(stop: threading.Event, killed: dict) -> None:
         time.sleep(0.3)
 
 
-def test_killed_server_fails_its_arm_only(prefect_server, mlflow_uri, tmp_path, no_servers_left):
-    killed = {"workdir": tmp_path / "runs"}
+def test_killed_server_fails_its_arm_only(cli, tmp_path, no_servers_left):
+    killed = {"since": time.time()}
     stop = threading.Event()
     watcher = threading.Thread(target=_kill_when_benchmarking, args=(stop, killed), daemon=True)
     watcher.start()
     try:
-        results = diagnose("demo", VICTIM, "smol-self",
-                           sets=[f"host.workdir={tmp_path / 'runs'}", "bench.num_prompts=3", "bench.max_tokens=24"])
+        done = cli("--drafter", VICTIM, "--control", "smol-self", "--prompts", "3", "--max-tokens", "24")
     finally:
         stop.set()
     assert "pgid" in killed, "the watcher never saw the victim benchmarking"
-    status = {r.arm: r.ok for r in results}
-    assert status == {"baseline": True, VICTIM: False, "smol-self": True}
-    victim = next(r for r in results if r.arm == VICTIM)
-    assert "requests failed" in victim.error or "ServerDied" in victim.error or "Connect" in victim.error
-
-    client = MlflowClient(mlflow_uri)
-    run = client.get_run(victim.run_id)
-    assert run.info.status == "FAILED"
-    assert run.data.tags["specdiag.error"]
-    artifacts = {a.path for a in client.list_artifacts(victim.run_id)}
+    assert done.returncode == 1  # an arm failed
+    assert {a: r.info.status for a, r in done.arms.items()} == {
+        "baseline": "FINISHED", VICTIM: "FAILED", "smol-self": "FINISHED"}
+    run = done.arms[VICTIM]
+    error = run.data.tags["specdiag.error"]
+    assert "requests failed" in error or "ServerDied" in error or "Connect" in error
+    assert f"arm {VICTIM} FAILED" in done.output
+    artifacts = {a.path for a in done.client.list_artifacts(run.info.run_id)}
     assert {f"{VICTIM}.server.log", "error.txt", "metrics_before.txt", "requests.csv"} <= artifacts
-    log = Path(client.download_artifacts(victim.run_id, f"{VICTIM}.server.log", str(tmp_path)))
-    assert "POST /v1/chat/completions" in log.read_text()
+    assert "POST /v1/chat/completions" in done.artifact_text(run, f"{VICTIM}.server.log")
     assert "server_ready_s" in run.data.metrics and "requests_failed" in run.data.metrics
-    assert client.get_run(next(r.run_id for r in results if r.arm == "smol-self")).info.status == "FINISHED"
-    parent = client.get_run(run.data.tags["mlflow.parentRunId"])
-    assert parent.data.tags["specdiag.verdict"] == "inconclusive"  # a crashed candidate decides nothing
+    assert done.parent.data.tags["specdiag.verdict"] == "inconclusive"  # a crashed candidate decides nothing

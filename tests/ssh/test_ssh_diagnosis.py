@@ -1,23 +1,31 @@
-"""The demo diagnosis through the SSH executor, end to end: the "remote" GPU host is this machine's sshd."""
+"""Diagnoses through the SSH executor, end to end: the "remote" GPU host is this machine's sshd."""
 import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from flows.diagnose import diagnose
 from infra import embedded, registry
+from infra.config import PROFILES_DIR
 from tests.ssh.conftest import kill_ssh_sessions
 
 pytestmark = pytest.mark.e2e
 
 
-def ssh_sets(sshd, remote_dir: Path) -> list[str]:
-    box = (f"{{kind: ssh, address: 127.0.0.1, port: {sshd['port']}, user: root, key_file: '{sshd['key']}', "
-           f"known_hosts: '{sshd['known_hosts']}', python: '{embedded.engine_python()}', workdir: '{remote_dir}'}}")
-    return [f"hosts.sshbox={box}", "host=sshbox", "control=null"]
+def ssh_profile(sshd, tmp_path: Path) -> str:
+    """The demo profile with the sshd as a host of its inventory, written as a user writes one (kimi-k25.yaml's
+    `hosts:`); every other setting is the demo's, the host's workdir included (`runs` under the login directory)."""
+    profile = yaml.safe_load((PROFILES_DIR / "demo.yaml").read_text())
+    profile["hosts"] = {"sshbox": {"kind": "ssh", "address": "127.0.0.1", "port": sshd["port"], "user": "root",
+                                   "key_file": sshd["key"], "known_hosts": sshd["known_hosts"],
+                                   "python": embedded.engine_python()}}
+    path = tmp_path / "sshdemo.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return str(path)
 
 
 def no_server_left():
@@ -26,20 +34,26 @@ def no_server_left():
     assert registry.launched("sshbox") == []
 
 
-def test_demo_diagnosis_runs_through_ssh(prefect_server, mlflow_uri, sshd, tmp_path):
-    results = diagnose("demo", "smol-permuted", None, sets=ssh_sets(sshd, tmp_path / "remote runs"))
-    assert [r.arm for r in results] == ["baseline", "smol-permuted"] and all(r.ok for r in results)
-    client = MlflowClient(mlflow_uri)
-    run = client.get_run(results[1].run_id)
-    assert run.data.params["host"] == "sshbox"
-    assert run.data.params["server_cmd"].startswith("setsid nohup env ")
-    assert "--host 127.0.0.1" in run.data.params["server_cmd"]  # bound to the host's loopback, reached by forward
-    assert run.data.metrics["acceptance_rate"] < 0.1 and run.data.metrics["num_drafts"] > 0
-    artifacts = {a.path for a in client.list_artifacts(results[1].run_id)}
-    assert "smol-permuted.server.log" in artifacts  # fetched over SFTP from the host
-    assert list((tmp_path / "remote runs").glob("*/smol-permuted.server.log"))  # where the host wrote it
-    parent = client.get_run(run.data.tags["mlflow.parentRunId"])
-    assert parent.data.tags["specdiag.verdict"] == "vocab_mismatch"
+def test_eagle3_diagnosis_with_offline_evaluation_runs_through_ssh(cli, sshd, tmp_path):
+    """The EAGLE-3 head behind the faulty engine patch, on the SSH host: the offline evaluation runs there (script
+    and job sent over SFTP, report fetched back) and the verdict compares it with what the host's server served."""
+    done = cli("--profile", ssh_profile(sshd, tmp_path), "--host", "sshbox", "--drafter", "smol-eagle3-badpatch",
+               "--no-control", "--prompt-set", "topics", "--prompts", "8", "--max-tokens", "48")
+    assert done.returncode == 0, done.output[-3000:]
+    assert set(done.arms) == {"baseline", "smol-eagle3-badpatch"}
+    run = done.arms["smol-eagle3-badpatch"].data
+    assert run.params["host"] == "sshbox"
+    assert run.params["server_cmd"].startswith("setsid nohup env ")
+    assert "--host 127.0.0.1" in run.params["server_cmd"]  # bound to the host's loopback, reached by forward
+    assert done.parent.data.tags["specdiag.offline_eval"] == "ok"
+    assert run.metrics["acceptance_rate"] < 0.5 * run.metrics["offline_acceptance_rate"]
+    artifacts = {a.path for a in done.client.list_artifacts(done.arms["smol-eagle3-badpatch"].info.run_id)}
+    assert "smol-eagle3-badpatch.server.log" in artifacts  # fetched over SFTP from the host
+    parent_id = done.parent.info.run_id
+    assert (Path.home() / "runs" / parent_id / "smol-eagle3-badpatch.server.log").exists()  # where the host wrote it
+    assert (Path.home() / "runs" / parent_id / "offline_eval.json").exists()  # the report, made on the host
+    assert done.parent.data.tags["specdiag.verdict"] == "integration"
+    assert "offline acceptance" in done.artifact_text(done.parent, "verdict.md")
     no_server_left()
 
 
@@ -58,8 +72,10 @@ def test_dropped_ssh_connection_mid_benchmark_leaves_no_server(prefect_server, m
     watcher = threading.Thread(target=drop_when_benchmarking, daemon=True)
     watcher.start()
     try:
-        results = diagnose("demo", "smol-permuted", None,
-                           sets=ssh_sets(sshd, remote) + ["bench.num_prompts=3", "bench.max_tokens=24"])
+        # host.workdir set: the watcher reads the host's log to time the drop (a user may point it anywhere too)
+        results = diagnose(ssh_profile(sshd, tmp_path), "smol-permuted", None,
+                           sets=["host=sshbox", "control=null", f"hosts.sshbox.workdir={remote}",
+                                 "bench.num_prompts=3", "bench.max_tokens=24"])
     finally:
         stop.set()
     assert dropped.get("sessions", 0) >= 1, "the watcher never saw the benchmark start"

@@ -44,3 +44,16 @@ def test_port_free():
 def test_shell_command_quotes():
     assert shell_command(["echo", "a b;c"], {}) == "echo 'a b;c'"
     assert os.path.basename(shell_command(["x"], {"K": "v"})) == "K=v x"
+
+
+def test_local_fetch_and_put_onto_the_same_path_are_no_ops(tmp_path):
+    """With the default host.workdir the host's run folder is this machine's copy: the report is read where it is."""
+    ex = LocalExecutor()
+    report = tmp_path / "runs" / "abc" / "offline_eval.json"
+    report.parent.mkdir(parents=True)
+    report.write_text('{"arms": {}}')
+    assert ex.fetch(str(report), tmp_path / "runs" / "abc" / ".." / "abc" / "offline_eval.json").read_text() \
+        == '{"arms": {}}'
+    assert ex.put(report, str(report)) == str(report) and report.read_text() == '{"arms": {}}'
+    copy = ex.fetch(str(report), tmp_path / "elsewhere" / "r.json")  # a real copy still copies
+    assert copy.read_text() == '{"arms": {}}' and copy != report
