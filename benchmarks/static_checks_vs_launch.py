@@ -28,12 +28,12 @@ def main() -> None:
         findings = inspect_drafter.fn(str(head), "eagle3", str(target))
         static_s = time.monotonic() - start
         flagged = [f.code for f in findings if f.severity == "error"]
-        assert "d2t_order" in flagged, findings
+        assert "d2t_scrambled" in flagged, findings
         start = time.monotonic()
         cli = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "flows" / "inspect_drafter.py"),
                               str(head), "--target", str(target)], capture_output=True, text=True)
         cli_s = time.monotonic() - start
-        assert cli.returncode == 1 and "d2t_order" in cli.stdout, cli.stdout + cli.stderr
+        assert cli.returncode == 1 and "d2t_scrambled" in cli.stdout, cli.stdout + cli.stderr
 
         ex = LocalExecutor()
         argv = vllm.server_argv(embedded.engine_python(), str(target), 8099, ["--enforce-eager", "--dtype",

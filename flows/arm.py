@@ -27,17 +27,20 @@ from tasks.verdict import decision_thresholds, speed_judged
 @flow(name="arm", flow_run_name="arm-{arm.name}", log_prints=True)
 def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, parent_run_id: str,
             workdir: str, prompts: list[str], offline: dict[str, float] | None = None,
-            baseline_tok_s: list[float] | None = None) -> ArmResult:
-    """baseline_tok_s: the baseline arm's per-request tok/s, once measured: the early stop compares with it."""
+            baseline_tok_s: list[float] | None = None, blockers: list[str] | None = None) -> ArmResult:
+    """baseline_tok_s: the baseline arm's per-request tok/s, once measured: the early stop compares with it.
+    blockers: static findings that make a server load pointless; the arm then fails before its server starts."""
     tracker = Tracker(tracking_uri)
     tags = {"specdiag.kind": "arm", "specdiag.arm": arm.name, "specdiag.drafter": arm.drafter or "none",
             "specdiag.role": arm.role, "specdiag.probe": arm.probe or "none"}
     result = ArmResult(arm.name, arm.role, tracker.start(experiment_id, arm.name, tags, parent=parent_run_id),
-                       probe=arm.probe)
+                       probe=arm.probe, method=arm.spec.method if arm.spec else "")
     bench_cfg = cfg.bench.model_copy(update={"endpoint": arm.endpoint}) if arm.endpoint else cfg.bench
     ev, server, params, start = ArmEvidence(metrics=dict(offline or {})), None, {}, time.monotonic()
     executor, held = executor_for(cfg.host), ExitStack()
     try:
+        if blockers:
+            raise StaticCheckFailed("; ".join(blockers) + " (the server was not started; --force launches anyway)")
         # one server per host at a time, across flow runs: queued here, held until teardown
         ev.metrics["host_lock_wait_s"] = held.enter_context(host_lock(cfg.host))
         plan = plan_server(cfg, arm, workdir)
@@ -89,6 +92,10 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
         record_arm(tracker, result, params, ev)
         executor.close()
     return result
+
+
+class StaticCheckFailed(Exception):
+    """A checkpoint fault that the engine would refuse or serve wrongly, found before the server load."""
 
 
 def _fetch(executor, path: str, dest_dir: Path) -> Path:

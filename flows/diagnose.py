@@ -57,10 +57,11 @@ def diagnose(profile: str = "demo", drafter: str | None = None, control: str | N
         results: list[ArmResult] = []
         for arm in drafters:  # in order, the baseline first: later arms' early stop compares with its tok/s
             base = next((r.request_tok_s for r in results if r.role == "baseline" and r.ok), None)
+            blockers = [] if cfg.force else [f"{f.code}: {f.message}" for f in findings.get(arm.name, []) if f.gating]
             results.append(run_arm(cfg, arm, tracker.uri, experiment, parent, workdir, prompts,
-                                   offline.get(arm.name), base))
+                                   offline.metrics.get(arm.name), base, blockers))
         table = compare(tracker, parent, results)
-        decision = verdict(tracker, parent, results, findings)
+        decision = verdict(tracker, parent, results, findings, offline)
         plots(tracker, parent, results)
         tracker.metrics(parent, {"diagnosis_wall_s": time.monotonic() - start})
     print("\n" + table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
@@ -70,6 +71,8 @@ def diagnose(profile: str = "demo", drafter: str | None = None, control: str | N
     for r in results:
         if not r.ok:
             print(f"arm {r.arm} FAILED: {r.error.splitlines()[0]}")
+    if offline.line():
+        print(offline.line().replace("offline evaluation failed", "offline evaluation FAILED"))
     print("\n" + decision.markdown())
     print(f"\nMLflow: {tracker.run_url(experiment, parent)}")
     return results

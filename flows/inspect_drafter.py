@@ -13,7 +13,6 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from infra import embedded  # noqa: E402
-from infra.arms import infer_method  # noqa: E402
 from infra.config import SpecdiagError  # noqa: E402
 from tasks.inspect import inspect_drafter  # noqa: E402
 
@@ -27,15 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         target, args.path = embedded.resolve(args.target), embedded.resolve(args.path)
         args.control = embedded.resolve(args.control) if args.control else None
-        if not (Path(target) / "config.json").exists():
-            raise SpecdiagError(f"target {target} is not a model folder (no config.json)")
-        method = infer_method(Path(args.path))
-        control_method = infer_method(Path(args.control)) if args.control else None
-        findings = inspect_drafter.fn(args.path, method, target, args.control, control_method)
+        findings = inspect_drafter.fn(args.path, None, target, args.control)
     except SpecdiagError as exc:
         print(f"specdiag: error: {exc}", file=sys.stderr)
         return 2
-    print(f"{args.path} ({method}) vs target {target}:")
+    print(f"{args.path} vs target {target}:")
     for f in findings:
         print("  " + f.line())
     errors = sum(f.severity == "error" for f in findings)

@@ -41,25 +41,13 @@ class ServerPlan:
 
 
 def infer_method(path: Path) -> str:
-    """An EAGLE-3 config -> eagle3; a full causal LM -> draft_model."""
-    cfg_file = path / "config.json"
-    if not cfg_file.exists():
+    """The speculative method vLLM serves a checkpoint folder with, from its config (infra/checkpoints.FORMATS)."""
+    from infra.checkpoints import detect_format, read_json
+    from infra.executor import LocalExecutor
+
+    if not (path / "config.json").exists():
         raise SpecdiagError(f"{path} has no config.json: pass a drafter checkpoint folder or a registry name")
-    try:
-        cfg = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise SpecdiagError(f"{cfg_file} is not valid JSON: {exc}") from None
-    archs = cfg.get("architectures") or []
-    algo = str((cfg.get("speculators_config") or {}).get("algorithm", ""))
-    if any("eagle3" in a.lower() for a in archs) or "eagle_aux_hidden_state_layer_ids" in cfg \
-            or "eagle3" in algo.lower():
-        return "eagle3"
-    if any(a.lower().endswith("eagle") for a in archs) or algo.lower() == "eagle":
-        return "eagle"
-    if any(a.endswith("ForCausalLM") for a in archs):
-        return "draft_model"
-    raise SpecdiagError(f"cannot tell the drafter type of {path} (architectures={archs}): "
-                        f"add it to the profile's drafters with an explicit method")
+    return detect_format(read_json(LocalExecutor(), str(path / "config.json")))[1]
 
 
 def _looks_like_path(ref: str) -> bool:

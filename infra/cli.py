@@ -33,6 +33,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="run the servers on this host of the profile's inventory (e.g. over SSH)")
     p.add_argument("--prompt-set", metavar="NAME|PATH", help="chat, math, code, long, or a JSONL / ShareGPT file")
     p.add_argument("--early-stop", action="store_true", help="end each arm once its numbers are precise enough")
+    p.add_argument("--force", action="store_true",
+                   help="launch arms whose static checks found a fault that makes the load pointless")
     p.add_argument("--prompts", type=int, metavar="N", help="number of measured prompts per arm")
     p.add_argument("--max-tokens", type=int, metavar="N", help="max output tokens per request")
     p.add_argument("--concurrency", type=int, metavar="N", help="concurrent streams (default 1)")
@@ -48,7 +50,8 @@ def overrides(args: argparse.Namespace) -> dict:
     out = {"drafter": args.drafter, "control": args.control, "arms": args.arms,
            "bench.num_prompts": args.prompts, "bench.max_tokens": args.max_tokens,
            "bench.concurrency": args.concurrency, "target.port": args.port, "probes": args.probes,
-           "host": args.host, "bench.prompts": args.prompt_set, "bench.early_stop": args.early_stop or None}
+           "host": args.host, "bench.prompts": args.prompt_set, "bench.early_stop": args.early_stop or None,
+           "force": args.force or None}
     if args.no_control:
         out["control"] = ""
     return out

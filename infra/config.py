@@ -144,6 +144,8 @@ class Profile(_Strict):
     # Probe arms derived from the candidate (see infra/arms.py: probe_arms), each one more server launch.
     probes: list[Literal["k_sweep", "graphs", "raw_prompts", "control_mapping"]] = Field(default_factory=list)
     k_sweep: list[int] = Field(default_factory=lambda: [1, 2, 4, 6])
+    # Launch an arm even when a static check found a fault that makes its server load pointless (tasks/inspect.GATING)
+    force: bool = False
 
     @model_validator(mode="after")
     def _pick_host(self) -> "Profile":

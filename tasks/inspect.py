@@ -1,25 +1,29 @@
 """Static drafter checks: seconds, no server. Catch what would otherwise cost a 25-minute load.
 
-EAGLE-3: config vs target, fc/lm_head shapes, aux layer ids, d2t/t2d validity. Draft models: tokenizer
-and embedding agreement with the target. Candidate vs control: mapping overlap, aux ids, norm flags.
+Every check reads the normalised description of infra/checkpoints.py (any supported format, local or over SFTP) and
+reports only what the engine would really reject or serve wrongly as an error; a check that cannot decide says so as
+info. Errors in GATING are facts that make a server load pointless: the arm fails before its server starts.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import struct
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from prefect import task
-from safetensors import safe_open
+
+from infra.checkpoints import EAGLE3_ARCHS, CannotCheck, DrafterSpec, TargetSpec, mapping, read_drafter, read_rows, \
+    read_target, read_tensor
+from infra.config import SpecdiagError
 
 Severity = Literal["error", "warning", "info"]
-_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
-              "I32": torch.int32, "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8}
-KNOWN_EAGLE3_ARCHS = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3DeepseekV2ForCausalLM"}
+# Findings that make a load pointless: the engine refuses the checkpoint, or serves drafts it cannot map.
+GATING = {"architecture", "vocab_size", "hidden_size", "fc_shape", "lm_head", "aux_layers", "d2t_missing", "d2t_shape", "d2t_range",
+          "d2t_duplicates", "tokenizer", "unreadable"}
+SAMPLE = 512  # vocabulary rows compared for the mapping's agreement
+STRUCTURE = 1.5  # off-diagonal cosine spread x sqrt(dim): 1.0 for random rows; SmolLM2's output rows 4.2
 
 
 @dataclass(frozen=True)
@@ -31,135 +35,129 @@ class Finding:
     def line(self) -> str:
         return f"{self.severity.upper():7} {self.code}: {self.message}"
 
-
-@dataclass
-class Drafter:
-    path: Path
-    config: dict
-    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    @classmethod
-    def load(cls, path: str | Path, names: tuple[str, ...] | None = None) -> "Drafter":
-        path = Path(path)
-        config = json.loads((path / "config.json").read_text())
-        tensors = {}
-        for file in sorted(path.glob("*.safetensors")):
-            with safe_open(str(file), "pt") as f:
-                for key in f.keys():
-                    if names is None or any(key.endswith(n) for n in names):
-                        tensors[key] = f.get_tensor(key)
-        return cls(path, config, tensors)
-
-    @classmethod
-    def load_remote(cls, executor, path: str, names: tuple[str, ...], shapes_only: tuple[str, ...] = ()) -> "Drafter":
-        """The same, over SFTP: config.json, then only the named tensors' bytes out of each safetensors file (its
-        JSON header says where they are); `shapes_only` tensors come back as meta tensors (shape, no data)."""
-        config = json.loads(executor.read_bytes(f"{path}/config.json"))
-        tensors = {}
-        for file in executor.glob(f"{path}/*.safetensors"):
-            with executor.open(file) as f:
-                size = struct.unpack("<Q", f.read(8))[0]
-                header = json.loads(f.read(size))
-                for key, meta in header.items():
-                    if key == "__metadata__" or not any(key.endswith(n) for n in names + shapes_only):
-                        continue
-                    dtype = _ST_DTYPES[meta["dtype"]]
-                    if any(key.endswith(n) for n in shapes_only):
-                        tensors[key] = torch.empty(meta["shape"], dtype=dtype, device="meta")
-                        continue
-                    start, end = meta["data_offsets"]
-                    f.seek(8 + size + start)
-                    tensors[key] = torch.frombuffer(bytearray(f.read(end - start)), dtype=dtype).reshape(meta["shape"])
-        return cls(Path(path), config, tensors)
-
-    def tensor(self, suffix: str) -> torch.Tensor | None:
-        return next((t for k, t in self.tensors.items() if k == suffix or k.endswith("." + suffix)), None)
+    @property
+    def gating(self) -> bool:
+        return self.severity == "error" and self.code in GATING
 
 
-def _cfg(config: dict, key: str, default=None):
-    for source in (config, config.get("eagle_config") or {}, config.get("transformer_layer_config") or {}):
-        if key in source:
-            return source[key]
-    return default
-
-
-def aux_layer_ids(config: dict, target_layers: int) -> list[int]:
-    ids = _cfg(config, "eagle_aux_hidden_state_layer_ids")
-    return sorted(set(ids)) if ids else [2, target_layers // 2, target_layers - 3]
-
-
-def check_eagle3(d: Drafter, target: dict) -> list[Finding]:
+def check_eagle3(fs, d: DrafterSpec, t: TargetSpec) -> list[Finding]:
     out: list[Finding] = []
-    archs = set(d.config.get("architectures") or [])
-    if not archs & KNOWN_EAGLE3_ARCHS and "speculators_config" not in d.config:
-        out.append(Finding("warning", "architecture", f"architectures {sorted(archs)} is not one vLLM loads as EAGLE-3"))
-    vocab, t_vocab = _cfg(d.config, "vocab_size"), target["vocab_size"]
-    if vocab != t_vocab:
-        out.append(Finding("error", "vocab_size", f"drafter vocab_size {vocab} != target's {t_vocab}"))
-    t_hidden, layers = target["hidden_size"], target["num_hidden_layers"]
-    d_target_hidden = _cfg(d.config, "target_hidden_size", _cfg(d.config, "hidden_size"))
-    if d_target_hidden != t_hidden:
-        out.append(Finding("error", "hidden_size", f"drafter expects target hidden size {d_target_hidden}, target has {t_hidden}"))
-    ids = aux_layer_ids(d.config, layers)
-    if any(not 0 <= i < layers for i in ids):
-        out.append(Finding("error", "aux_layers", f"aux layer ids {ids} outside the target's layers [0, {layers})"))
+    if d.architecture not in EAGLE3_ARCHS and d.format != "speculators":
+        out.append(Finding("error", "architecture", f"architecture {d.architecture} is not an EAGLE-3 model vLLM "
+                                                    f"registers"))
+    if d.vocab_size is not None and d.vocab_size != t.vocab_size:
+        out.append(Finding("error", "vocab_size", f"drafter vocab_size {d.vocab_size} != target's {t.vocab_size}"))
+    if d.target_hidden_size != t.hidden_size:
+        out.append(Finding("error", "hidden_size", f"drafter expects target hidden size {d.target_hidden_size}, "
+                                                   f"target has {t.hidden_size}"))
+    ids = d.engine_aux_ids(t.num_layers)
+    if any(not 0 <= i < t.num_layers for i in ids):
+        out.append(Finding("error", "aux_layers", f"aux layer ids {ids} outside the target's layers [0, {t.num_layers})"))
+    elif d.aux_ids is None:
+        out.append(Finding("warning", "aux_default", f"the config names no eagle_aux_hidden_state_layer_ids: the engine "
+                           f"silently feeds its default layers {ids}; check the head was trained on those (vLLM #50170)"))
     else:
-        out.append(Finding("info", "aux_layers", f"drafter is fed target layers {ids} (of {layers})"))
-    fc = d.tensor("fc.weight")
-    if fc is not None and fc.shape[1] != len(ids) * t_hidden:
-        out.append(Finding("error", "fc_shape", f"fc.weight takes {fc.shape[1]} inputs, expected {len(ids)} x {t_hidden}"))
-    draft_vocab = _cfg(d.config, "draft_vocab_size", vocab)
-    lm_head = d.tensor("lm_head.weight")
-    if lm_head is not None and lm_head.shape[0] != draft_vocab:
-        out.append(Finding("error", "lm_head", f"lm_head has {lm_head.shape[0]} rows, draft_vocab_size is {draft_vocab}"))
-    out += check_vocab_mapping(d.tensor("d2t"), d.tensor("t2d"), draft_vocab, t_vocab)
-    return out
+        out.append(Finding("info", "aux_layers", f"drafter is fed target layers {ids} (of {t.num_layers}; "
+                                                 f"ids from the {d.aux_source})"))
+    fc = d.tensors.get("fc.weight")
+    if fc is not None and fc.shape[1] != d.fc_inputs * t.hidden_size:
+        out.append(Finding("error", "fc_shape", f"fc.weight takes {fc.shape[1]} inputs; the engine builds fc for "
+                           f"{d.fc_inputs} x {t.hidden_size} (num_aux_hidden_states, else eagle_config's ids, else 3)"))
+    lm_head = d.tensors.get("lm_head.weight")
+    if lm_head is not None and (lm_head.shape[0] != d.draft_vocab_size or lm_head.shape[1] != d.hidden_size):
+        out.append(Finding("error", "lm_head", f"lm_head is {list(lm_head.shape)}, the engine builds "
+                                               f"[{d.draft_vocab_size}, {d.hidden_size}]"))
+    return out + check_mapping(fs, d, t)
 
 
-def check_vocab_mapping(d2t, t2d, draft_vocab: int, target_vocab: int) -> list[Finding]:
-    if draft_vocab == target_vocab:
-        return [] if d2t is None else [Finding("info", "d2t", "d2t present although the draft vocab is the full vocab")]
-    if d2t is None:
-        return [Finding("error", "d2t_missing", f"draft vocab {draft_vocab} < target vocab {target_vocab} but no d2t: "
-                         f"draft ids would be read as the first {draft_vocab} target ids")]
-    out = []
-    if tuple(d2t.shape) != (draft_vocab,) or d2t.dtype != torch.int64:
-        return [Finding("error", "d2t_shape", f"d2t is {d2t.dtype}{list(d2t.shape)}, expected int64[{draft_vocab}]")]
-    ids = torch.arange(draft_vocab) + d2t
-    if ids.min() < 0 or ids.max() >= target_vocab:
-        out.append(Finding("error", "d2t_range", f"i + d2t[i] spans [{ids.min()}, {ids.max()}], outside the target vocab"))
-    if not bool((ids[1:] > ids[:-1]).all()):
-        bad = int((ids[1:] <= ids[:-1]).sum())
-        out.append(Finding("error", "d2t_order", f"i + d2t[i] is not strictly increasing ({bad} inversions): "
-                           f"the draft->target vocabulary mapping is scrambled"))
-    if t2d is not None:
-        if tuple(t2d.shape) != (target_vocab,) or t2d.dtype != torch.bool:
-            out.append(Finding("error", "t2d_shape", f"t2d is {t2d.dtype}{list(t2d.shape)}, expected bool[{target_vocab}]"))
-        else:
-            if int(t2d.sum()) != draft_vocab:
-                out.append(Finding("error", "t2d_sum", f"t2d marks {int(t2d.sum())} tokens, draft vocab is {draft_vocab}"))
-            valid = ids[(ids >= 0) & (ids < target_vocab)]
-            if not bool(t2d[valid].all()):
-                out.append(Finding("error", "t2d_mismatch", "t2d is false at some i + d2t[i]: d2t and t2d disagree"))
-    if not any(f.severity == "error" for f in out):
-        out.append(Finding("info", "d2t", f"d2t/t2d consistent: {draft_vocab} draft tokens mapped into {target_vocab}"))
-    return out
+def check_mapping(fs, d: DrafterSpec, t: TargetSpec) -> list[Finding]:
+    """d2t validity (what vLLM does with it: target id = i + d2t[i], scattered by index, any order), then whether the
+    mapped ids are the right ones: the head's output rows against the target's at those ids."""
+    draft_vocab, vocab = d.draft_vocab_size or t.vocab_size, t.vocab_size
+    ids = mapping(fs, d)
+    if draft_vocab == vocab:
+        return [] if ids is None else [Finding("info", "d2t", "d2t present although the draft vocab is the full vocab")]
+    if ids is None:
+        return [Finding("error", "d2t_missing", f"draft vocab {draft_vocab} < target vocab {vocab} but no d2t: draft "
+                                                f"ids would be read as the first {draft_vocab} target ids")]
+    if tuple(ids.shape) != (draft_vocab,):
+        return [Finding("error", "d2t_shape", f"d2t has {list(ids.shape)} entries, draft vocab is {draft_vocab}")]
+    if ids.min() < 0 or ids.max() >= vocab:
+        return [Finding("error", "d2t_range", f"i + d2t[i] spans [{ids.min()}, {ids.max()}], outside the target "
+                                              f"vocab [0, {vocab})")]
+    dupes = len(ids) - len(torch.unique(ids))
+    if dupes:
+        return [Finding("error", "d2t_duplicates", f"{dupes} draft ids map onto target ids already taken: their "
+                                                   f"logits overwrite each other when scattered")]
+    stored = d.tensors["d2t"].dtype
+    note = "" if stored in ("I64", "int64") else f" (stored as {stored}; vLLM copies it into int64)"
+    out = [Finding("info", "d2t", f"d2t valid: {draft_vocab} draft tokens mapped into {vocab}{note}")]
+    t2d_ref = d.tensors.get("t2d")
+    if t2d_ref is not None:
+        t2d = read_tensor(fs, t2d_ref).bool()
+        if tuple(t2d.shape) != (vocab,) or int(t2d.sum()) != draft_vocab or not bool(t2d[ids].all()):
+            out.append(Finding("warning", "t2d_mismatch", "t2d disagrees with d2t: vLLM ignores t2d, but a mapping "
+                               "regenerated apart from the head's training data does this (SpecForge PR #534)"))
+    return out + [mapping_agreement(fs, d, t, ids)]
 
 
-def _tokenizer_digest(path: Path) -> str | None:
-    file = path / "tokenizer.json"
-    if not file.exists():
+def row_agreement(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, float, float]:
+    """Rows of two tables meant to stand for the same tokens, in any two spaces -> per-row agreement (the correlation
+    of each row's cosine similarities to the other rows, in one table and in the other) and each table's structure."""
+    def sims(x: torch.Tensor) -> tuple[torch.Tensor, float]:
+        x = x.float()  # centred: the direction all rows share (output embeddings are anisotropic) says nothing of
+        x = torch.nn.functional.normalize(x - x.mean(0), dim=1)  # which token is which
+        s = x @ x.T
+        off = s[~torch.eye(len(s), dtype=torch.bool)].view(len(s), -1)
+        return off, float(off.std() * x.shape[1] ** 0.5) if off.numel() > 1 else 0.0
+    (sa, struct_a), (sb, struct_b) = sims(a), sims(b)
+    sa, sb = sa - sa.mean(1, keepdim=True), sb - sb.mean(1, keepdim=True)
+    r = (sa * sb).sum(1) / ((sa.pow(2).sum(1) * sb.pow(2).sum(1)).sqrt() + 1e-12)
+    return r, struct_a, struct_b
+
+
+def mapping_agreement(fs, d: DrafterSpec, t: TargetSpec, ids: torch.Tensor) -> Finding:
+    """Evidence that holds for any d2t order: a trained head's lm_head row for draft token i behaves like the target's
+    output row for token i + d2t[i] (the same tokens are near each other in both). Reads SAMPLE rows of each."""
+    lm_head, target_rows = d.tensors.get("lm_head.weight"), t.output_rows()
+    if lm_head is None or target_rows is None:
+        return Finding("info", "mapping_unjudged", "no lm_head or target output rows to compare: the offline "
+                                                   "evaluation judges the mapping")
+    n = min(SAMPLE, len(ids))
+    sample = sorted(torch.randperm(len(ids), generator=torch.Generator().manual_seed(0))[:n].tolist())
+    r, s_head, s_target = row_agreement(read_rows(fs, lm_head, sample), read_rows(fs, target_rows,
+                                                                                  ids[sample].tolist()))
+    if min(s_head, s_target) < STRUCTURE:
+        return Finding("info", "mapping_unjudged", f"the {'head' if s_head < STRUCTURE else 'target'}'s output rows "
+                       f"have no structure to compare (untrained or zero): the offline evaluation judges the mapping")
+    chance = 3 / (n - 2) ** 0.5
+    bad = r < chance
+    median = float(r.median())
+    if median < chance:
+        return Finding("error", "d2t_scrambled", f"the head's output rows do not match the target's at the mapped ids "
+                       f"(median agreement {median:.2f}, chance level {chance:.2f}, over {n} sampled draft tokens): "
+                       f"the draft->target vocabulary mapping is scrambled")
+    share = float(bad.float().mean())
+    if share >= 0.10:
+        span = ids[torch.tensor(sample)[bad]]
+        return Finding("error", "d2t_partial", f"{share:.0%} of {n} sampled draft tokens map to target ids whose "
+                       f"output rows disagree with the head's (target ids {int(span.min())}-{int(span.max())}); the "
+                       f"rest agree (median {median:.2f}): part of the vocabulary is re-indexed, e.g. a tokenizer "
+                       f"revision; drafts of those tokens are rejected")
+    return Finding("info", "mapping_agreement", f"the head's output rows agree with the target's at the mapped ids "
+                   f"(median {median:.2f}, {share:.0%} below chance level, {n} sampled)")
+
+
+def _tokenizer_digest(fs, path: str) -> str | None:
+    try:
+        vocab = json.loads(fs.read_bytes(f"{path}/tokenizer.json")).get("model", {}).get("vocab")
+    except (FileNotFoundError, OSError, ValueError):
         return None
-    vocab = json.loads(file.read_text()).get("model", {}).get("vocab")
     return hashlib.sha256(json.dumps(vocab, sort_keys=True).encode()).hexdigest() if vocab else None
 
 
 def embedding_neighbour_overlap(draft: torch.Tensor, target: torch.Tensor, sample: int = 256, k: int = 10) -> float:
-    """Mean overlap of each sampled token's k nearest neighbours in both embedding tables (1.0 = same geometry).
-
-    Works across hidden sizes: a draft model that maps token ids to the target's meaning keeps its
-    neighbourhoods; one whose rows are shuffled does not.
-    """
+    """Mean overlap of each sampled token's k nearest neighbours in both embedding tables (1.0 = same geometry)."""
     n = min(draft.shape[0], target.shape[0])
     ids = torch.randperm(n, generator=torch.Generator().manual_seed(0))[:sample]
 
@@ -173,56 +171,69 @@ def embedding_neighbour_overlap(draft: torch.Tensor, target: torch.Tensor, sampl
     return float(sum(len(set(x.tolist()) & set(y.tolist())) for x, y in zip(a, b)) / (len(ids) * k))
 
 
-def check_draft_model(d: Drafter, target_path: Path, target: dict) -> list[Finding]:
+def check_draft_model(fs, d: DrafterSpec, t: TargetSpec) -> list[Finding]:
     out = []
-    if d.config.get("vocab_size") != target["vocab_size"]:
-        out.append(Finding("error", "vocab_size", f"draft model vocab {d.config.get('vocab_size')} != target's {target['vocab_size']}"))
-    d_tok, t_tok = _tokenizer_digest(d.path), _tokenizer_digest(target_path)
+    if d.vocab_size != t.vocab_size:
+        out.append(Finding("error", "vocab_size", f"draft model vocab {d.vocab_size} != target's {t.vocab_size}"))
+    d_tok, t_tok = _tokenizer_digest(fs, d.path), _tokenizer_digest(fs, t.path)
     if d_tok and t_tok and d_tok != t_tok:
         out.append(Finding("error", "tokenizer", "draft model's tokenizer vocabulary differs from the target's"))
-    emb = d.tensor("embed_tokens.weight")
-    t_emb = Drafter.load(target_path, ("embed_tokens.weight",)).tensor("embed_tokens.weight")
+    emb, t_emb = d.tensors.get("embed_tokens.weight"), t.tensors.get("embed_tokens.weight")
     if emb is not None and t_emb is not None:
-        overlap = embedding_neighbour_overlap(emb, t_emb)
+        overlap = embedding_neighbour_overlap(read_tensor(fs, emb), read_tensor(fs, t_emb))
         if overlap < 0.2:
-            out.append(Finding("error", "embedding_mismatch", f"token neighbourhoods agree {overlap:.0%} with the target's: "
-                               f"the draft model's embedding rows do not match the target's token ids (vocab mapping fault)"))
+            out.append(Finding("error", "embedding_mismatch", f"token neighbourhoods agree {overlap:.0%} with the "
+                               f"target's: the draft model's embedding rows do not match the target's token ids "
+                               f"(vocab mapping fault)"))
         else:
             out.append(Finding("info", "embedding", f"token neighbourhoods agree {overlap:.0%} with the target's"))
     return out
 
 
-def compare_eagle3(cand: Drafter, ctrl: Drafter, target_layers: int) -> list[Finding]:
+def compare_eagle3(fs, cand: DrafterSpec, ctrl: DrafterSpec, t: TargetSpec) -> list[Finding]:
+    """Candidate vs control on everything the engine reads: aux ids, fc width, every norm flag, the mapping."""
     out = []
-    a, b = aux_layer_ids(cand.config, target_layers), aux_layer_ids(ctrl.config, target_layers)
+    a, b = cand.engine_aux_ids(t.num_layers), ctrl.engine_aux_ids(t.num_layers)
     if a != b:
         out.append(Finding("warning", "aux_layers_differ", f"candidate reads target layers {a}, control {b}"))
-    for flag in ("norm_before_fc", "fc_norm"):
-        if bool(_cfg(cand.config, flag, False)) != bool(_cfg(ctrl.config, flag, False)):
-            out.append(Finding("warning", f"{flag}_differs", f"{flag} differs between candidate and control"))
-    m1, m2 = cand.tensor("d2t"), ctrl.tensor("d2t")
+    if cand.fc_inputs != ctrl.fc_inputs:
+        out.append(Finding("warning", "fc_differs", f"the engine builds fc for {cand.fc_inputs} aux states for the "
+                                                    f"candidate, {ctrl.fc_inputs} for the control"))
+    for flag in sorted(cand.norms):
+        if cand.norms[flag] != ctrl.norms[flag]:
+            out.append(Finding("warning", f"{flag}_differs", f"{flag} is {cand.norms[flag]} for the candidate, "
+                                                             f"{ctrl.norms[flag]} for the control"))
+    m1, m2 = mapping(fs, cand), mapping(fs, ctrl)
     if m1 is not None and m2 is not None:
-        s1 = set((torch.arange(len(m1)) + m1).tolist())
-        s2 = set((torch.arange(len(m2)) + m2).tolist())
+        s1, s2 = set(m1.tolist()), set(m2.tolist())
         overlap = len(s1 & s2) / max(1, min(len(s1), len(s2)))
         level: Severity = "warning" if overlap < 0.5 else "info"
         out.append(Finding(level, "mapping_overlap", f"candidate and control draft vocabularies overlap {overlap:.0%}"))
     return out
 
 
+def check(fs, path: str, method: str | None, target: TargetSpec, control: str | None = None) -> list[Finding]:
+    """Every static finding for one drafter (and against the control's checkpoint, when one is given)."""
+    d = read_drafter(fs, path, method)
+    if d.method == "draft_model":
+        return check_draft_model(fs, d, target)
+    if d.method != "eagle3":
+        return [Finding("info", "unchecked", f"no static checks for method {d.method!r}")]
+    out = [Finding("info", "format", f"{d.format} checkpoint, served as {d.architecture}")] + check_eagle3(fs, d, target)
+    if control:
+        ctrl = read_drafter(fs, control)
+        if ctrl.method == "eagle3":
+            out += compare_eagle3(fs, d, ctrl, target)
+    return out
+
+
 @task(name="inspect-drafters")
-def inspect_drafter(path: str, method: str, target_path: str, control: str | None = None,
-                    control_method: str | None = None) -> list[Finding]:
-    target = json.loads((Path(target_path) / "config.json").read_text())
-    if method == "eagle3":
-        d = Drafter.load(path)  # a head: small, and every tensor is checked
-        out = check_eagle3(d, target)
-        if control and control_method == "eagle3":
-            out += compare_eagle3(d, Drafter.load(control), target["num_hidden_layers"])
-        return out
-    if method == "draft_model":  # a whole LM: read only the embedding the check compares
-        return check_draft_model(Drafter.load(path, ("embed_tokens.weight",)), Path(target_path), target)
-    return [Finding("info", "unchecked", f"no static checks for method {method!r}")]
+def inspect_drafter(path: str, method: str | None, target_path: str, control: str | None = None,
+                    control_method: str | None = None, fs=None) -> list[Finding]:
+    from infra.executor import LocalExecutor
+
+    fs = fs or LocalExecutor()
+    return check(fs, path, method, read_target(fs, target_path), control)
 
 
 def findings_markdown(findings: dict[str, list[Finding]]) -> str:
@@ -232,71 +243,33 @@ def findings_markdown(findings: dict[str, list[Finding]]) -> str:
     return "\n".join(lines)
 
 
-def _remote_config(executor, target: str) -> str:
-    """A target's config.json on the host: a folder, or a Hugging Face id in the host's HF cache."""
-    if target.count("/") == 1 and not target.startswith(("/", "~", ".")):
-        org, name = target.split("/")
-        found = executor.glob(f"~/.cache/huggingface/hub/models--{org}--{name}/snapshots/*")
-        if found:
-            return f"{found[0]}/config.json"
-    return f"{target}/config.json"
-
-
-def inspect_remote(executor, path: str, method: str, target_path: str, control: str | None = None) -> list[Finding]:
-    """EAGLE-3 checks of a head that lives on the GPU host, read over SFTP: config, d2t/t2d, and only the shapes
-    of fc and lm_head (megabytes, not the gigabytes of a 1T model's head)."""
-    if method != "eagle3":
-        return [Finding("info", "unchecked", f"{method} checkpoint on {executor.host}: run flows/inspect_drafter.py there")]
-    target = json.loads(executor.read_bytes(_remote_config(executor, target_path)))
-    load = lambda p: Drafter.load_remote(executor, p, ("d2t", "t2d"), ("fc.weight", "lm_head.weight"))  # noqa: E731
-    d = load(path)
-    out = check_eagle3(d, target)
-    if control:
-        out += compare_eagle3(d, load(control), target["num_hidden_layers"])
-    return out
-
-
 @task(name="inspect-arms")
 def inspect_arms(target_model: str, arms: list, host=None) -> dict[str, list[Finding]]:
-    """Static checks of every drafter arm, before any server starts: on this machine, or over SFTP on the remote
-    host when the checkpoints live there."""
+    """Static checks of every drafter arm, before any server starts, where the checkpoints are: this machine, or the
+    GPU host over SFTP (only headers, the mapping and sampled rows cross the wire)."""
+    from infra.config import HostConfig
     from infra.executor import executor_for
 
-    executor = executor_for(host) if host is not None and host.kind != "local" else None
-    try:
-        return _inspect_all(target_model, arms, executor)
-    finally:
-        if executor is not None:
-            executor.close()
-
-
-def _inspect_all(target_model: str, arms: list, executor) -> dict[str, list[Finding]]:
+    fs = executor_for(host or HostConfig())
     control = next((a for a in arms if a.role == "control" and a.spec and a.spec.model), None)
     out: dict[str, list[Finding]] = {}
-    for arm in arms:
-        if not (arm.spec and arm.spec.model):
-            continue
-        path, ctrl_path = Path(arm.spec.model), Path(control.spec.model) if control else None
-        if not (path / "config.json").exists() or not (Path(target_model) / "config.json").exists():
-            out[arm.name] = _remote_findings(executor, arm, control, target_model)
+    try:
+        target = read_target(fs, target_model)
+    except (SpecdiagError, OSError, ValueError) as exc:
+        target = None
+        why = f"target config unreadable on {fs.host}: {exc}"
+    try:
+        for arm in (a for a in arms if a.spec and a.spec.model):
+            ctrl = control.spec.model if control is not None and arm is not control else None
+            try:
+                out[arm.name] = check(fs, arm.spec.model, arm.spec.method, target, ctrl) if target else \
+                    [Finding("info", "unchecked", why)]
+            except CannotCheck as exc:
+                out[arm.name] = [Finding("info", "unchecked", str(exc))]
+            except (SpecdiagError, OSError, ValueError, KeyError) as exc:
+                out[arm.name] = [Finding("error", "unreadable", f"checkpoint unreadable on {fs.host}: {exc}")]
             for f in out[arm.name]:
                 print(f"[{arm.name}] static check {f.line()}")
-            continue
-        use_ctrl = control is not None and arm is not control and (ctrl_path / "config.json").exists()
-        out[arm.name] = inspect_drafter.fn(str(path), arm.spec.method, target_model,
-                                           str(ctrl_path) if use_ctrl else None,
-                                           control.spec.method if use_ctrl else None)
-        for f in out[arm.name]:
-            print(f"[{arm.name}] static check {f.line()}")
+    finally:
+        fs.close()
     return out
-
-
-def _remote_findings(executor, arm, control, target_model: str) -> list[Finding]:
-    if executor is None or executor.host == "local":
-        return [Finding("info", "unchecked", "checkpoint or target not on this machine: no static checks")]
-    try:
-        ctrl = control.spec.model if control is not None and arm is not control and \
-            control.spec.method == "eagle3" else None
-        return inspect_remote(executor, arm.spec.model, arm.spec.method, target_model, ctrl)
-    except (OSError, ValueError, KeyError) as exc:
-        return [Finding("info", "unchecked", f"could not read the checkpoint on {executor.host}: {exc}")]

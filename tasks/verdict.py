@@ -14,10 +14,11 @@ from prefect.cache_policies import NO_CACHE
 from infra.stats import mean_interval, wilson
 from infra.tracking import Tracker
 from tasks.inspect import Finding
+from tasks.offline import OfflineResult
 from tasks.record import ArmResult
 
-VOCAB_CODES = {"d2t_missing", "d2t_shape", "d2t_range", "d2t_order", "t2d_shape", "t2d_sum", "t2d_mismatch",
-               "embedding_mismatch", "tokenizer", "vocab_size"}
+VOCAB_CODES = {"d2t_missing", "d2t_shape", "d2t_range", "d2t_duplicates", "d2t_scrambled", "d2t_partial",
+               "embedding_mismatch", "tokenizer"}
 MIN_DRAFTS = 30  # below this, no interval is narrow enough to decide anything
 # A good control accepts whole drafts, so it makes few of them; its interval still narrows fast
 # (all 26 accepted -> [0.87, 1]). The floor only guards against a handful of drafts.
@@ -114,13 +115,27 @@ def probe_verdict(cand: ArmResult, results: list[ArmResult], evidence: list[str]
     return None
 
 
-def decide(results: list[ArmResult], findings: dict[str, list[Finding]]) -> Verdict:
+def decide(results: list[ArmResult], findings: dict[str, list[Finding]],
+           offline: OfflineResult | None = None) -> Verdict:
+    v = _decide(results, findings, offline or OfflineResult())
+    if offline and offline.line() and offline.line() not in v.evidence:
+        v.evidence.append(offline.line())
+    return v
+
+
+def _decide(results: list[ArmResult], findings: dict[str, list[Finding]], offline: OfflineResult) -> Verdict:
     cand = next((r for r in results if r.role == "candidate"), None)
     ctrl = next((r for r in results if r.role == "control"), None)
     if cand is None:
         return Verdict("inconclusive", ["no candidate arm ran"], "pass --drafter")
     vocab_errors = [f for f in findings.get(cand.arm, []) if f.severity == "error" and f.code in VOCAB_CODES]
     if not cand.ok:
+        if cand.error.startswith("StaticCheckFailed"):
+            gating = [f for f in findings.get(cand.arm, []) if f.gating]
+            cause = "vocab_mismatch" if gating and all(f.code in VOCAB_CODES for f in gating) else "checkpoint_mismatch"
+            return Verdict(cause, [f"static check: {f.line()}" for f in gating] + [
+                f"{cand.arm} was stopped before its server load: the engine would refuse this checkpoint or serve "
+                f"drafts it cannot map"], "fix the checkpoint as the findings say (or --force to measure it anyway)")
         if "SpecDecodingOff" in cand.error:
             return Verdict("spec_disabled", [cand.error.splitlines()[0]],
                            "check that the speculative config reaches the engine (server_cmd, server log)")
@@ -180,6 +195,15 @@ def decide(results: list[ArmResult], findings: dict[str, list[Finding]]) -> Verd
     if vocab_errors:
         return Verdict("vocab_mismatch", evidence + ["candidate below control, with a vocabulary-mapping fault"],
                        "restore the drafter's vocabulary mapping")
+    if cand.method != ctrl.method and not off:
+        # a control served through another engine path (a draft model for an EAGLE-3 head) shows that path works,
+        # not the one the candidate takes: without the offline reference, training and integration look alike
+        return Verdict("inconclusive", evidence + [offline.line() or f"no offline evaluation of {cand.arm}",
+                       f"the control is a {ctrl.method or 'different'} drafter, the candidate {cand.method}: the "
+                       f"control does not exercise the candidate's engine path, so a low candidate may be its "
+                       f"training or the engine's integration"],
+                       "make the offline evaluation run (offline_eval_error.txt on the parent run says why) or add a "
+                       f"known-good {cand.method} control (--control)")
     return Verdict("training_quality", evidence + [
         f"candidate significantly below the control (upper {hi:.3f} < control lower {c_lo:.3f}) with no static "
         f"fault: the drafter itself predicts worse"], "train longer or on data closer to the served prompts")
@@ -199,8 +223,8 @@ def throughput_lines(results: list[ArmResult]) -> list[str]:
 
 @task(name="verdict", cache_policy=NO_CACHE)
 def verdict(tracker: Tracker, parent_run_id: str, results: list[ArmResult],
-            findings: dict[str, list[Finding]]) -> Verdict:
-    v = decide(results, findings)
+            findings: dict[str, list[Finding]], offline: OfflineResult | None = None) -> Verdict:
+    v = decide(results, findings, offline)
     v.evidence += throughput_lines(results)
     tracker.tag(parent_run_id, "specdiag.verdict", v.cause)
     tracker.text(parent_run_id, v.markdown(), "verdict.md")

@@ -1,26 +1,31 @@
 """Two short diagnoses without a control: a config that silently does nothing, and a healthy drafter."""
 import pytest
-from mlflow.tracking import MlflowClient
-
-from flows.diagnose import diagnose
 
 pytestmark = pytest.mark.e2e
 
 
-def _verdict(mlflow_uri, run_id):
-    client = MlflowClient(mlflow_uri)
-    return client.get_run(client.get_run(run_id).data.tags["mlflow.parentRunId"]).data.tags["specdiag.verdict"]
+def test_drafter_that_never_drafts_is_named_spec_disabled(cli, no_servers_left):
+    done = cli("--drafter", "ngram-never", "--no-control")
+    cand = done.arms["ngram-never"].data
+    assert cand.metrics["num_drafts"] == 0 and cand.metrics["output_tokens"] > 0
+    assert done.parent.data.tags["specdiag.verdict"] == "spec_disabled"
 
 
-def test_drafter_that_never_drafts_is_named_spec_disabled(prefect_server, mlflow_uri, tmp_path, no_servers_left):
-    results = diagnose("demo", "ngram-never", None, sets=[f"host.workdir={tmp_path / 'runs'}", "control=null"])
-    cand = next(r for r in results if r.arm == "ngram-never")
-    assert cand.ok and cand.metrics["num_drafts"] == 0 and cand.metrics["output_tokens"] > 0
-    assert _verdict(mlflow_uri, cand.run_id) == "spec_disabled"
+def test_target_as_its_own_drafter_is_named_healthy(cli, no_servers_left):
+    done = cli("--drafter", "smol-self", "--no-control")
+    assert done.returncode == 0, done.output[-3000:]
+    assert done.arms["smol-self"].data.metrics["acceptance_rate"] > 0.9
+    assert done.parent.data.tags["specdiag.verdict"] == "healthy"
 
 
-def test_target_as_its_own_drafter_is_named_healthy(prefect_server, mlflow_uri, tmp_path, no_servers_left):
-    results = diagnose("demo", "smol-self", None, sets=[f"host.workdir={tmp_path / 'runs'}", "control=null"])
-    cand = next(r for r in results if r.arm == "smol-self")
-    assert cand.ok and cand.metrics["acceptance_rate"] > 0.9
-    assert _verdict(mlflow_uri, cand.run_id) == "healthy"
+def test_a_checkpoint_the_engine_cannot_map_is_stopped_before_its_load(cli, no_servers_left):
+    """The demo head with its d2t dropped (draft vocab 4096 < 49152): the engine would read draft id i as target id
+    i. The static check gates the arm: no server is started for it, the baseline still runs, the verdict cites it."""
+    done = cli("--drafter", "smol-eagle3-nod2t", "--no-control", "--prompts", "2")
+    assert done.returncode == 1  # an arm failed
+    cand, base = done.arms["smol-eagle3-nod2t"], done.arms["baseline"]
+    assert base.info.status == "FINISHED" and cand.info.status == "FAILED"
+    assert cand.data.tags["specdiag.error"].startswith("StaticCheckFailed: d2t_missing")
+    assert cand.data.params["server_cmd"] == "not launched" and "server_ready_s" not in cand.data.metrics
+    assert done.parent.data.tags["specdiag.verdict"] == "vocab_mismatch"
+    assert "d2t_missing" in done.artifact_text(done.parent, "verdict.md")

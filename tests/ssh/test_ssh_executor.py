@@ -121,24 +121,20 @@ def test_through_a_jump_host(host):
 
 
 def test_static_checks_read_a_remote_eagle3_head_over_sftp(host, tmp_path):
-    """A drafter that lives on the GPU host is checked without copying it: config, d2t/t2d, fc/lm_head shapes."""
-    import json
+    """A ModelOpt head for a Kimi-K2.5-shaped target, both on the GPU host, checked without copying them: config,
+    headers, d2t and sampled lm_head / target rows read over SFTP."""
+    from tasks.inspect import inspect_drafter
+    from tests.fixtures import formats as F
 
-    from infra.eagle3 import make_eagle3
-    from tasks.inspect import inspect_remote
-
-    target = tmp_path / "target"
-    target.mkdir()
-    cfg = {"hidden_size": 64, "vocab_size": 1000, "num_hidden_layers": 12}
-    (target / "config.json").write_text(json.dumps(cfg))
-    good = make_eagle3(tmp_path / "good head", cfg, draft_vocab=256)
-    bad = make_eagle3(tmp_path / "bad head", cfg, draft_vocab=256, fault="scrambled_d2t")
+    target = F.write_target(tmp_path / "kimi target", F.KIMI_K25, prefix="language_model.model.", sharded=True)
+    good = F.modelopt_kimi(tmp_path / "good head", F.KIMI_K25)
+    bad = F.modelopt_kimi(tmp_path / "bad head", F.KIMI_K25, fault="scrambled")
     ex = SshExecutor(host)
     try:
-        ok = inspect_remote(ex, str(good), "eagle3", str(target))
-        assert not [f for f in ok if f.severity == "error"] and any(f.code == "d2t" for f in ok), ok
-        flagged = inspect_remote(ex, str(bad), "eagle3", str(target), control=str(good))
-        assert "d2t_order" in {f.code for f in flagged if f.severity == "error"}
+        ok = inspect_drafter.fn(str(good), None, str(target), fs=ex)
+        assert not [f for f in ok if f.severity == "error"] and {"d2t", "mapping_agreement"} <= {f.code for f in ok}
+        flagged = inspect_drafter.fn(str(bad), None, str(target), str(good), fs=ex)
+        assert "d2t_scrambled" in {f.code for f in flagged if f.severity == "error"}
         assert any(f.code == "mapping_overlap" for f in flagged)
         assert ex.glob(f"{good}/*.safetensors") == [f"{good}/model.safetensors"]
     finally:

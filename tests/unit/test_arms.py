@@ -72,8 +72,10 @@ def test_kimi_server_command_is_the_seed_command(tmp_path):
     assert argv[0] == "/opt/vllm/bin/python" and argv[argv.index("--model") + 1] == "moonshotai/Kimi-K2.5"
     assert argv[argv.index("--tensor-parallel-size") + 1] == "8"
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
-    assert spec == {"method": "eagle3", "model": "/data/eagle3/aq-medai-k2-drafter", "num_speculative_tokens": 5}
+    assert spec == {"method": "eagle3", "model": "/data/eagle3/output_10k/4", "num_speculative_tokens": 5}
     assert plan.params["spec_method"] == "eagle3" and plan.params["num_speculative_tokens"] == "5"
-    assert plan.log_path == str(tmp_path / "aqmedai.server.log")
+    assert plan.log_path == str(tmp_path / "custom.server.log")
+    # the roles the seed meant: the fine-tuned head is the suspect, the checkpoint it came from the reference
+    assert [(a.name, a.role) for a in plan_arms(p)[1:3]] == [("custom", "candidate"), ("aqmedai", "control")]
     baseline = plan_server(p, plan_arms(p)[0], tmp_path)
     assert "--speculative-config" not in baseline.argv and baseline.params["spec_method"] == "none"

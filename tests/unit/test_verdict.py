@@ -140,3 +140,37 @@ def test_a_perfect_drafter_is_healthy_over_few_drafts_but_a_handful_decides_noth
     assert decide([BASE, arm("cand", "candidate", 1.0, drafts=26)], {}).cause == "healthy"
     assert decide([BASE, arm("cand", "candidate", 1.0, drafts=6)], {}).cause == "inconclusive"
     assert decide([BASE, arm("cand", "candidate", 0.5, drafts=26)], {}).cause == "inconclusive"
+
+
+def _eagle(name, role, rate, method="eagle3", **kw):
+    a = arm(name, role, rate, k=3, **kw)
+    a.method = method
+    return a
+
+
+def test_missing_offline_evidence_never_makes_training_quality_for_an_eagle3_head():
+    """An EAGLE-3 head low against a draft-model control: without the offline reference, the control shows only
+    that the draft-model path works; training and integration cannot be told apart."""
+    from tasks.offline import OfflineResult
+
+    failed = OfflineResult(status="failed", note="exit -1: SameFileError (offline_eval_error.txt)")
+    results = [BASE, _eagle("cand", "candidate", 0.05), _eagle("ctl", "control", 0.99, method="draft_model")]
+    v = decide(results, {}, failed)
+    assert v.cause == "inconclusive", v.evidence
+    assert any("offline evaluation failed: exit -1" in e for e in v.evidence)
+    assert "offline" in v.next_step
+    # a control of the candidate's own method does exercise its engine path, and decides
+    same = [BASE, _eagle("cand", "candidate", 0.05), _eagle("ctl", "control", 0.99)]
+    assert decide(same, {}, failed).cause == "training_quality"
+    # with the offline numbers the served-vs-offline rule decides, whatever the control
+    cand = with_offline(_eagle("cand", "candidate", 0.02), 0.25)
+    assert decide([BASE, cand, results[2]], {}, OfflineResult(status="ok")).cause == "integration"
+
+
+def test_a_gated_candidate_is_named_by_its_finding():
+    gated = arm("cand", "candidate", ok=False, error="StaticCheckFailed: d2t_missing: no d2t")
+    found = {"cand": [Finding("error", "d2t_missing", "no d2t"), Finding("info", "aux_layers", "fed [2, 15, 27]")]}
+    v = decide([BASE, gated, arm("ctl", "control", 0.99)], found)
+    assert v.cause == "vocab_mismatch" and any("d2t_missing" in e for e in v.evidence) and "--force" in v.next_step
+    shapes = {"cand": [Finding("error", "hidden_size", "expects 7168, target has 4096")]}
+    assert decide([BASE, gated, arm("ctl", "control", 0.99)], shapes).cause == "checkpoint_mismatch"
