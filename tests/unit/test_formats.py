@@ -127,3 +127,12 @@ def test_cli_on_a_kimi_k25_target_reports_instead_of_crashing(tmp_path, targets)
     proc = subprocess.run([sys.executable, "flows/inspect_drafter.py", str(head), "--target",
                            str(targets[id(F.KIMI_K25)])], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "d2t_scrambled" in proc.stdout and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_full_size_kimi_k2_head_is_read_from_headers_not_weights(tmp_path):
+    """3.4 GB head, 2.3 GB target shard, both sparse: the checks read headers, d2t/t2d and sampled rows only
+    (benchmarks/inspect_full_size.py times it)."""
+    head, target = F.kimi_k2_full_size(tmp_path)
+    findings = inspect_drafter.fn(str(head), None, str(target))
+    assert _codes(findings) == set(), findings
+    assert {"d2t", "aux_layers", "mapping_unjudged"} <= _codes(findings, "info")  # zero rows: cannot judge
