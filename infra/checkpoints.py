@@ -331,13 +331,16 @@ def read_drafter(fs, path: str, method: str | None = None) -> DrafterSpec:
     arch = archs[0] if method != "eagle3" or archs[0].startswith("Eagle3") or archs[0].endswith("Eagle3") \
         else f"Eagle3{archs[0]}"
     norms = {k: bool(_get(cfg, k, "eagle_config", default=d)) for k, d in NORM_FLAGS.items()}
-    refs = tensor_index(fs, path) if method in ("eagle3", "eagle") else \
-        tensor_index(fs, path, lambda k: k.endswith("embed_tokens.weight"))
+    if method in ("eagle3", "eagle"):
+        refs = _engine_names(tensor_index(fs, path))
+    else:  # a whole model: its input embedding, wherever its wrapper nests it (model., language_model.model., ...)
+        hits = tensor_index(fs, path, lambda k: k.endswith("embed_tokens.weight"))
+        refs = {"embed_tokens.weight": hits[min(hits, key=len)]} if hits else {}
     return DrafterSpec(path, fmt, method, arch, cfg.get("model_type", ""), hidden,
                        cfg.get("target_hidden_size") or hidden, cfg.get("vocab_size"),
                        cfg.get("draft_vocab_size") or cfg.get("vocab_size"), sorted(set(ids)) if ids else None,
                        source, fc_inputs, norms, cfg.get("max_position_embeddings"), cfg.get("rope_scaling"),
-                       _engine_names(refs) if method != "draft_model" else refs)
+                       refs)
 
 
 def mapping(fs, d: DrafterSpec) -> torch.Tensor | None:

@@ -58,7 +58,7 @@ class Tracker:
         self.client.set_tag(run_id, key, value)
 
     def file(self, run_id: str, path: str | Path, subdir: str | None = None) -> None:
-        if Path(path).exists():
+        if path and Path(path).is_file():
             self.client.log_artifact(run_id, str(path), subdir)
 
     def text(self, run_id: str, text: str, name: str) -> None:

@@ -41,22 +41,26 @@ class ArmEvidence:
 
 @task(name="record-arm", cache_policy=NO_CACHE)
 def record_arm(tracker: Tracker, result: ArmResult, params: dict[str, str], ev: ArmEvidence) -> None:
-    run = result.run_id
-    tracker.params(run, {**params, "server_cmd": ev.server_cmd or "not launched",
-                         "engine_version": ev.engine_version or "unknown"})
-    tracker.metrics(run, result.metrics)
-    tracker.file(run, ev.log_path)
-    if ev.bench:
-        tracker.table(run, ev.bench.frame(), "requests.csv")
-        if ev.bench.stop_reason:
-            tracker.tag(run, "specdiag.early_stop", ev.bench.stop_reason)
-    if ev.sweep is not None:
-        tracker.table(run, ev.sweep, "concurrency_sweep.csv")
-    if ev.before:
-        tracker.text(run, ev.before.metrics_text, "metrics_before.txt")
-    if ev.after:
-        tracker.text(run, ev.after.metrics_text, "metrics_after.txt")
-    if result.error:
-        tracker.text(run, result.error, "error.txt")
-        tracker.tag(run, "specdiag.error", result.error.splitlines()[0][:500])
-    tracker.finish(run, result.ok)
+    """The arm's evidence into its run; the run ends whatever happens here (FAILED if recording itself fails)."""
+    run, recorded = result.run_id, False
+    try:
+        if result.error:
+            tracker.text(run, result.error, "error.txt")
+            tracker.tag(run, "specdiag.error", result.error.splitlines()[0][:500])
+        tracker.params(run, {**params, "server_cmd": ev.server_cmd or "not launched",
+                             "engine_version": ev.engine_version or "unknown"})
+        tracker.metrics(run, result.metrics)
+        tracker.file(run, ev.log_path)
+        if ev.bench:
+            tracker.table(run, ev.bench.frame(), "requests.csv")
+            if ev.bench.stop_reason:
+                tracker.tag(run, "specdiag.early_stop", ev.bench.stop_reason)
+        if ev.sweep is not None:
+            tracker.table(run, ev.sweep, "concurrency_sweep.csv")
+        if ev.before:
+            tracker.text(run, ev.before.metrics_text, "metrics_before.txt")
+        if ev.after:
+            tracker.text(run, ev.after.metrics_text, "metrics_after.txt")
+        recorded = True
+    finally:
+        tracker.finish(run, result.ok and recorded)

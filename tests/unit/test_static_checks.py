@@ -94,3 +94,11 @@ def test_bad_config_is_one_line_not_a_traceback(tmp_path, target):
     (head / "config.json").write_text(json.dumps({"architectures": ["Foo"]}))
     with pytest.raises(SpecdiagError, match="cannot tell the drafter type"):
         inspect_drafter.fn(str(head), None, target)
+
+
+def test_a_draft_model_in_hugging_face_layout_is_checked_for_its_token_ids(tmp_path, target):
+    """`model.embed_tokens.weight`, as every HF causal LM saves it: a shuffled vocabulary is named, a faithful one not."""
+    good = inspect_drafter.fn(str(F.draft_model(tmp_path / "good", F.LLAMA)), None, target)
+    bad = inspect_drafter.fn(str(F.draft_model(tmp_path / "bad", F.LLAMA, permuted=True)), None, target)
+    assert _codes(good, "info") == {"embedding"} and not _codes(good)
+    assert _codes(bad) == {"embedding_mismatch"}

@@ -34,3 +34,26 @@ def test_tables_load_across_arms_with_mlflow(tmp_path, monkeypatch):
     both = tracker.client.load_table(exp, "requests.json", run_ids=runs, extra_columns=["run_id"])
     assert len(both) == 4 and set(both["run_id"]) == set(runs)
     assert both.groupby("run_id")["ttft_ms"].sum().to_dict() == {runs[0]: 30.0, runs[1]: 32.0}
+
+
+def test_an_arm_stopped_before_its_server_ends_failed_with_its_reason(tmp_path):
+    """A gated arm has no server log (log_path ""): recording it must still end the run FAILED, reason attached."""
+    from tasks.record import ArmEvidence, ArmResult, record_arm
+
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    run = tracker.start(tracker.experiment("t"), "cand", {"specdiag.kind": "arm"})
+    result = ArmResult("cand", "candidate", run, error="StaticCheckFailed: d2t_missing", metrics={"arm_wall_s": 0.1})
+    record_arm.fn(tracker, result, {}, ArmEvidence())
+    got = tracker.client.get_run(run)
+    assert got.info.status == "FAILED" and got.data.tags["specdiag.error"] == "StaticCheckFailed: d2t_missing"
+    assert {a.path for a in tracker.client.list_artifacts(run)} == {"error.txt"}
+
+
+def test_a_failure_while_recording_still_ends_the_run(tmp_path):
+    from tasks.record import ArmEvidence, ArmResult, record_arm
+
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    run = tracker.start(tracker.experiment("t"), "cand", {"specdiag.kind": "arm"})
+    with pytest.raises(TypeError):
+        record_arm.fn(tracker, ArmResult("cand", "candidate", run, ok=True), {}, ArmEvidence(log_path=123))
+    assert tracker.client.get_run(run).info.status == "FAILED"
