@@ -100,6 +100,7 @@ class DrafterSpec:
     max_positions: int | None
     rope_scaling: dict | None
     tensors: dict[str, TensorRef] = field(default_factory=dict)  # engine names ("layers.0.*", "d2t", ...)
+    config: dict = field(default_factory=dict)  # the flat config the engine builds the head from
 
     def engine_aux_ids(self, target_layers: int) -> list[int]:
         """The layers the engine feeds this head: the config's ids, else vLLM's default (2, N//2, N-3)."""
@@ -340,7 +341,7 @@ def read_drafter(fs, path: str, method: str | None = None) -> DrafterSpec:
                        cfg.get("target_hidden_size") or hidden, cfg.get("vocab_size"),
                        cfg.get("draft_vocab_size") or cfg.get("vocab_size"), sorted(set(ids)) if ids else None,
                        source, fc_inputs, norms, cfg.get("max_position_embeddings"), cfg.get("rope_scaling"),
-                       refs)
+                       refs, {**cfg, **norms})
 
 
 def mapping(fs, d: DrafterSpec) -> torch.Tensor | None:

@@ -35,6 +35,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--early-stop", action="store_true", help="end each arm once its numbers are precise enough")
     p.add_argument("--force", action="store_true",
                    help="launch arms whose static checks found a fault that makes the load pointless")
+    p.add_argument("--hidden-states", metavar="DIR", help="offline evaluation from these dumps on the host "
+                   "(SpecForge data_*.ckpt, speculators hs_*.safetensors) instead of loading the target")
     p.add_argument("--prompts", type=int, metavar="N", help="number of measured prompts per arm")
     p.add_argument("--max-tokens", type=int, metavar="N", help="max output tokens per request")
     p.add_argument("--concurrency", type=int, metavar="N", help="concurrent streams (default 1)")
@@ -51,7 +53,7 @@ def overrides(args: argparse.Namespace) -> dict:
            "bench.num_prompts": args.prompts, "bench.max_tokens": args.max_tokens,
            "bench.concurrency": args.concurrency, "target.port": args.port, "probes": args.probes,
            "host": args.host, "bench.prompts": args.prompt_set, "bench.early_stop": args.early_stop or None,
-           "force": args.force or None}
+           "force": args.force or None, "offline.hidden_states": args.hidden_states}
     if args.no_control:
         out["control"] = ""
     return out

@@ -127,6 +127,18 @@ class BenchConfig(_Strict):
     max_bench_s: float | None = Field(default=None, gt=0)  # time budget for the measured window
 
 
+class OfflineConfig(_Strict):
+    """Where the offline evaluation's target states come from (the methods it covers: Profile.offline_eval)."""
+
+    # A folder of hidden-state dumps on the host (SpecForge rows_*/data_*.ckpt, speculators hs_*.safetensors, or
+    # seq_*.pt): the evaluation reads them instead of running the target, whatever its size.
+    hidden_states: str | None = None
+    loss_masks: str | None = None  # speculators: its preprocessed dataset (default: the dumps' parent folder)
+    # Without dumps, a target over this many GB is not loaded with transformers: the evaluation is skipped.
+    max_target_gb: float = Field(default=32.0, gt=0)
+    python: str | None = None  # interpreter for it on the host (torch, safetensors); None = the engine's
+
+
 class Profile(_Strict):
     name: str
     target: TargetConfig
@@ -141,6 +153,7 @@ class Profile(_Strict):
     health_timeout_s: float = Field(default=300.0, gt=0)
     # Offline drafter evaluation (no server): for EAGLE-3 arms, all drafter arms, or none.
     offline_eval: Literal["eagle3", "all", "none"] = "eagle3"
+    offline: OfflineConfig = Field(default_factory=OfflineConfig)
     # Probe arms derived from the candidate (see infra/arms.py: probe_arms), each one more server launch.
     probes: list[Literal["k_sweep", "graphs", "raw_prompts", "control_mapping"]] = Field(default_factory=list)
     k_sweep: list[int] = Field(default_factory=lambda: [1, 2, 4, 6])

@@ -88,9 +88,14 @@ def _build_engine(venv: Path, python: Path) -> None:
 def vllm_bench_cli() -> str:
     """The engine's `vllm` command with what `vllm bench serve --dataset-name custom` imports (pandas)."""
     python = engine_python()
-    if subprocess.run([python, "-c", "import pandas"], capture_output=True).returncode != 0:
-        _step([python, "-m", "pip", "install", "-q", "pandas"], "installing pandas for `vllm bench serve`")
+    ensure_package(python, "pandas", "for `vllm bench serve`")
     return str(Path(python).parent / "vllm")
+
+
+def ensure_package(python: str, name: str, why: str) -> None:
+    """Install one package into the embedded engine's environment on first need."""
+    if subprocess.run([python, "-c", f"import {name}"], capture_output=True).returncode != 0:
+        _step([python, "-m", "pip", "install", "-q", name], f"installing {name} {why}")
 
 
 def _site_packages(python: Path) -> Path:

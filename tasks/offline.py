@@ -1,12 +1,13 @@
 """Offline drafter evaluation: each drafter's acceptance on the same prompts, computed without the serving engine.
 
 Served acceptance far below offline acceptance of the same checkpoint points at the engine integration; both low
-points at the drafter. Runs engine_side/offline_eval.py with the engine's Python, where the target's weights are.
+points at the drafter. Runs engine_side/offline_eval.py with the engine's Python, where the target's weights are, or
+reads the user's hidden-state dumps there instead (offline.hidden_states): then no target weights are loaded.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from prefect import task
@@ -14,13 +15,14 @@ from prefect.cache_policies import NO_CACHE
 
 from infra import embedded
 from infra.arms import Arm, local_dir
+from infra.checkpoints import read_drafter, read_target
 from infra.config import Profile
 from infra.executor import Completed, executor_for
 from infra.tracking import Tracker
 
 METHODS = {"eagle3": ("eagle3",), "all": ("eagle3", "draft_model"), "none": ()}
 SCRIPT = embedded.ENGINE_SIDE / "offline_eval.py"
-SCRIPTS = ("offline_eval.py", "eagle3_ref.py", "target_states.py")
+SCRIPTS = ("offline_eval.py", "eagle3_ref.py", "target_states.py", "dumps.py")
 
 
 @dataclass
@@ -45,6 +47,39 @@ def offline_metrics(arm_result: dict) -> dict[str, float]:
     return out
 
 
+def describe(fs, arm: Arm, target) -> dict:
+    """One drafter of the job, from its normalised description: the engine's config, aux ids and tensor places."""
+    spec = {"arm": arm.name, "method": arm.spec.method, "path": arm.spec.model, "k": arm.spec.num_speculative_tokens}
+    if arm.spec.method != "eagle3":
+        return spec
+    d = read_drafter(fs, arm.spec.model, "eagle3")
+    config = {**d.config, "eagle_aux_hidden_state_layer_ids": d.engine_aux_ids(target.num_layers),
+              "target_hidden_size": d.target_hidden_size, "draft_vocab_size": d.draft_vocab_size,
+              "vocab_size": d.vocab_size or target.vocab_size}
+    return {**spec, "config": config, "tensors": {k: asdict(r) for k, r in d.tensors.items()}}
+
+
+def skip_reason(cfg: Profile, target) -> str | None:
+    """Why the target is not run here: too large for transformers on the host and no dumps to read instead."""
+    size = (target.total_bytes or 0) / 1e9
+    if cfg.offline.hidden_states or size <= cfg.offline.max_target_gb:
+        return None
+    return (f"the target's weights are {size:.0f} GB (over offline.max_target_gb={cfg.offline.max_target_gb:g}); "
+            f"evaluate from your training pipeline's hidden-state dumps instead: --hidden-states DIR on the host "
+            f"(SpecForge rows_*/data_*.ckpt, speculators hs_*.safetensors)")
+
+
+def build_job(cfg: Profile, fs, chosen: list[Arm], target_path: str, prompts: list[str]) -> tuple[dict, str | None]:
+    target = read_target(fs, target_path)
+    embed = target.tensors.get("embed_tokens.weight")
+    job = {"target": target_path, "prompts": prompts, "chat": cfg.bench.endpoint == "chat",
+           "max_tokens": cfg.bench.max_tokens, "trust_remote_code": "--trust-remote-code" in cfg.target.args,
+           "target_embed": asdict(embed) if embed else None,
+           "hidden_states": cfg.offline.hidden_states, "loss_masks": cfg.offline.loss_masks,
+           "drafters": [describe(fs, a, target) for a in chosen]}
+    return job, skip_reason(cfg, target)
+
+
 @task(name="offline-eval", cache_policy=NO_CACHE)
 def offline_eval(cfg: Profile, arms: list[Arm], target: str, prompts: list[str], workdir: str,
                  tracker: Tracker, parent_run_id: str,
@@ -57,41 +92,59 @@ def offline_eval(cfg: Profile, arms: list[Arm], target: str, prompts: list[str],
     chosen = [a for a in arms if a.spec and a.spec.method in METHODS[cfg.offline_eval] and not a.probe]
     if not chosen:
         return OfflineResult()
-    job = {"target": target, "prompts": prompts, "chat": cfg.bench.endpoint == "chat",
-           "max_tokens": cfg.bench.max_tokens,
-           "drafters": [{"arm": a.name, "method": a.spec.method, "path": a.spec.model,
-                         "k": a.spec.num_speculative_tokens} for a in chosen]}
     local = local_dir(parent_run_id)
     job_file, out_file = local / "offline_job.json", local / "offline_eval.json"
-    job_file.write_text(json.dumps(job, indent=2))
-    python = cfg.engine_python or embedded.engine_python()
-    print(f"offline evaluation of {', '.join(a.name for a in chosen)} on {len(prompts)} prompts (no server)")
-    executor = executor_for(cfg.host)
+    executor, skip = executor_for(cfg.host), None
     try:
-        script = SCRIPT
-        if executor.host != "local":  # the script runs where the target's weights are
-            for f in SCRIPTS:
-                executor.put(embedded.ENGINE_SIDE / f, f"{workdir}/engine_side/{f}")
-            script = f"{workdir}/engine_side/{SCRIPT.name}"
-        remote_job, remote_out = executor.put(job_file, f"{workdir}/offline_job.json"), f"{workdir}/offline_eval.json"
-        done = executor.run([python, str(script), remote_job, remote_out], timeout_s)
-        if done.returncode == 0:
-            executor.fetch(remote_out, out_file)
+        job, skip = build_job(cfg, executor, chosen, target, prompts)
+        if skip:
+            done = None
+        else:
+            job_file.write_text(json.dumps(job, indent=2))
+            done = _run(cfg, executor, job_file, workdir, timeout_s, out_file)
+            print(f"offline evaluation of {', '.join(a.name for a in chosen)} "
+                  f"{'from ' + job['hidden_states'] if job['hidden_states'] else f'on {len(prompts)} prompts'}")
     except Exception as exc:  # e.g. the timeout: the diagnosis goes on without offline numbers
         done = Completed(-1, "", f"{type(exc).__name__}: {exc}")
     finally:
         executor.close()
+    result = _result(done, skip if done is None else None, out_file, tracker, parent_run_id)
+    tracker.tag(parent_run_id, "specdiag.offline_eval", result.status)
+    return result
+
+
+def _run(cfg: Profile, executor, job_file: Path, workdir: str, timeout_s: float, out_file: Path) -> Completed:
+    """The engine-side script where the target (or the dumps) are; its JSON back in out_file."""
+    python = cfg.offline.python or cfg.engine_python
+    if python is None:  # the embedded engine's: it gets what reading speculators' loss masks needs
+        python = embedded.engine_python()
+        if cfg.offline.hidden_states:
+            embedded.ensure_package(python, "pyarrow", "for speculators' preprocessed dataset")
+    script = SCRIPT
+    if executor.host != "local":  # the script runs where the target's weights are
+        for f in SCRIPTS:
+            executor.put(embedded.ENGINE_SIDE / f, f"{workdir}/engine_side/{f}")
+        script = f"{workdir}/engine_side/{SCRIPT.name}"
+    remote_job, remote_out = executor.put(job_file, f"{workdir}/offline_job.json"), f"{workdir}/offline_eval.json"
+    done = executor.run([python, str(script), remote_job, remote_out], timeout_s)
+    if done.returncode == 0:
+        executor.fetch(remote_out, out_file)
+    return done
+
+
+def _result(done: Completed | None, skip: str | None, out_file: Path, tracker: Tracker, parent: str) -> OfflineResult:
+    if done is None:
+        print(f"offline evaluation skipped: {skip}")
+        return OfflineResult(status="skipped", note=skip or "")
     if done.returncode != 0 or not out_file.exists():
         lines = (done.stderr or done.stdout).splitlines()
         tail = "\n".join(lines[-10:])
         print(f"offline evaluation failed (exit {done.returncode}); going on without it:\n{tail}")
-        tracker.text(parent_run_id, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}", "offline_eval_error.txt")
-        result = OfflineResult(status="failed", note=f"exit {done.returncode}: {lines[-1] if lines else 'no output'} "
-                                                     f"(offline_eval_error.txt)")
-    else:
-        tracker.file(parent_run_id, str(out_file))
-        report = json.loads(out_file.read_text())
-        print(f"offline evaluation: {report['target_tokens']} target tokens in {report['seconds']:.0f} s")
-        result = OfflineResult({arm: offline_metrics(r) for arm, r in report["arms"].items()}, "ok")
-    tracker.tag(parent_run_id, "specdiag.offline_eval", result.status)
-    return result
+        tracker.text(parent, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}", "offline_eval_error.txt")
+        return OfflineResult(status="failed", note=f"exit {done.returncode}: {lines[-1] if lines else 'no output'} "
+                                                   f"(offline_eval_error.txt)")
+    tracker.file(parent, str(out_file))
+    report = json.loads(out_file.read_text())
+    print(f"offline evaluation: {report['target_tokens']} target tokens from {report.get('source', 'the target')} "
+          f"in {report['seconds']:.0f} s")
+    return OfflineResult({arm: offline_metrics(r) for arm, r in report["arms"].items()}, "ok")

@@ -202,8 +202,10 @@ def _decide(results: list[ArmResult], findings: dict[str, list[Finding]], offlin
                        f"the control is a {ctrl.method or 'different'} drafter, the candidate {cand.method}: the "
                        f"control does not exercise the candidate's engine path, so a low candidate may be its "
                        f"training or the engine's integration"],
-                       "make the offline evaluation run (offline_eval_error.txt on the parent run says why) or add a "
-                       f"known-good {cand.method} control (--control)")
+                       ("supply your training pipeline's hidden-state dumps (--hidden-states DIR)"
+                        if offline.status == "skipped" else
+                        "make the offline evaluation run (offline_eval_error.txt on the parent run says why)")
+                       + f" or add a known-good {cand.method} control (--control)")
     return Verdict("training_quality", evidence + [
         f"candidate significantly below the control (upper {hi:.3f} < control lower {c_lo:.3f}) with no static "
         f"fault: the drafter itself predicts worse"], "train longer or on data closer to the served prompts")

@@ -104,7 +104,13 @@ class Eagle3(nn.Module):
         super().__init__()
         self.cfg = cfg
         h, n_aux = cfg["hidden_size"], len(cfg["eagle_aux_hidden_state_layer_ids"])
-        self.fc = nn.Linear(n_aux * cfg.get("target_hidden_size", h), h, bias=False)
+        th = cfg.get("target_hidden_size") or h
+        self.n_aux = n_aux
+        self.fc = nn.Linear(n_aux * th, h, bias=False)
+        if cfg.get("norm_before_fc"):  # one norm over the concatenated aux states
+            self.input_norm = RMSNorm(n_aux * th, cfg["rms_norm_eps"])
+        if cfg.get("fc_norm"):  # one norm per aux state
+            self.fc_norm = nn.ModuleList(RMSNorm(th, cfg["rms_norm_eps"]) for _ in range(n_aux))
         self.midlayer = _Midlayer(cfg)
         self.norm = RMSNorm(h, cfg["rms_norm_eps"])
         self.lm_head = nn.Linear(h, cfg["draft_vocab_size"], bias=False)
@@ -119,17 +125,27 @@ class Eagle3(nn.Module):
     def step(self, h, tokens, positions, chain):
         """One draft step for all slots: h [T, H], tokens [T] -> (pre-norm h [T, H], draft logits [T, V_draft])."""
         m = self.midlayer
-        x = torch.cat([m.input_layernorm(self.embed[tokens]), m.hidden_norm(h)], -1)
-        resid = m.self_attn(x, positions, chain) + h
+        normed = m.hidden_norm(h)
+        x = torch.cat([m.input_layernorm(self.embed[tokens]), normed], -1)
+        resid = m.self_attn(x, positions, chain) + (normed if self.cfg.get("norm_before_residual") else h)
         pre = m.mlp(m.post_attention_layernorm(resid)) + resid
-        return pre, self.lm_head(self.norm(pre))
+        out = self.norm(pre)
+        return (out if self.cfg.get("norm_output") else pre), self.lm_head(out)
+
+    def project(self, aux):
+        """aux [T, n_aux*H_target] -> fc input, through the norms the config asks for (vLLM's combine_hidden_states)."""
+        if self.cfg.get("norm_before_fc"):
+            aux = self.input_norm(aux)
+        if self.cfg.get("fc_norm"):
+            aux = torch.cat([n(c) for n, c in zip(self.fc_norm, aux.chunk(self.n_aux, -1))], -1)
+        return self.fc(aux)
 
     def chain_logits(self, aux, ids, steps: int) -> list[torch.Tensor]:
         """aux [L, n_aux*H] (target states at positions 0..L-1), ids [L] -> per step j, draft logits [L-1-j, V_draft]
         for slots t = 0..L-2-j; step j (0-based) at slot t predicts ids[t+j+2]. Inputs are teacher-forced: for the
         prefix acceptance that serving measures, later steps only count when earlier drafts were right anyway."""
         n = aux.shape[0] - 1
-        h, chain, out = self.fc(aux[:n]), [], []
+        h, chain, out = self.project(aux[:n]), [], []
         positions = torch.arange(n, device=aux.device)
         for j in range(steps):
             toks = ids[1 + j: 1 + j + n]
@@ -144,19 +160,31 @@ class Eagle3(nn.Module):
 
 
 def load(path: str | Path, embed: torch.Tensor, dtype=torch.float32) -> Eagle3:
+    """A head saved as this project saves one (config.json, model.safetensors, midlayer.* names)."""
     from safetensors.torch import load_file
 
     path = Path(path)
     cfg = json.loads((path / "config.json").read_text())
+    return build(cfg, load_file(str(path / "model.safetensors")), embed, str(path), dtype)
+
+
+def build(cfg: dict, tensors: dict[str, torch.Tensor], embed: torch.Tensor | None, where: str,
+          dtype=torch.float32) -> Eagle3:
+    """cfg: the flat config the engine builds the head from; tensors under checkpoint or engine names
+    (`layers.0.*` is `midlayer.*`; `model.` dropped)."""
+    cfg = dict(cfg)
     cfg.setdefault("draft_vocab_size", cfg["vocab_size"])
-    tensors = load_file(str(path / "model.safetensors"))
+    tensors = {k.removeprefix("model.").replace("layers.0.", "midlayer."): v for k, v in tensors.items()}
     own = tensors.pop("embed_tokens.weight", None)  # a drafter with its own embedding uses it, as vLLM does
+    if own is None and embed is None:
+        raise ValueError(f"{where}: the head has no embed_tokens and the target's embedding was not found")
     model = Eagle3(cfg, (own if own is not None else embed).to(dtype))
     if "d2t" not in tensors:  # vLLM then maps draft id i to target id i
         tensors["d2t"] = torch.zeros(cfg["draft_vocab_size"], dtype=torch.long)
+    tensors["d2t"] = tensors["d2t"].long()
     tensors.setdefault("t2d", torch.ones(cfg["vocab_size"], dtype=torch.bool))
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{path}: checkpoint does not match an EAGLE-3 Llama head (missing {missing}, "
+        raise ValueError(f"{where}: checkpoint does not match an EAGLE-3 Llama head (missing {missing}, "
                          f"unexpected {unexpected})")
     return model.to(dtype).eval()

@@ -1,9 +1,15 @@
 """Offline drafter evaluation: a drafter's acceptance computed without the serving engine. Run by the engine's Python.
 
 Usage: python offline_eval.py JOB.json OUT.json
-JOB: {"target": DIR, "prompts": [...], "chat": bool, "max_tokens": N,
-      "drafters": [{"arm": NAME, "method": "eagle3"|"draft_model", "path": DIR, "k": K}],
-      "hidden_states": DIR (optional: user-supplied dumps instead of running the target, see below)}
+JOB: {"target": DIR, "prompts": [...], "chat": bool, "max_tokens": N, "trust_remote_code": bool,
+      "target_embed": TENSOR-REF (the target's input embedding, for heads without their own),
+      "drafters": [{"arm": NAME, "method": "eagle3"|"draft_model", "path": DIR, "k": K,
+                    "config": {...}, "tensors": {ENGINE-NAME: TENSOR-REF}}],
+      "hidden_states": DIR (optional: dumps instead of running the target), "loss_masks": DIR (optional)}
+A TENSOR-REF is infra/checkpoints.TensorRef as a dict: a safetensors file with the data's byte offset, dtype and
+shape, or a .bin file and key. "config" is the flat config the engine builds the head from, with the aux ids the
+engine will feed it: the orchestrator's normalised description (infra/checkpoints.read_drafter), so every format
+it reads is evaluated here the same way.
 
 The target's greedy continuation of each prompt (what a temperature-0 server returns) is the reference. A draft
 slot is every position whose next token is generated; at slot t the drafter proposes k tokens, and position i
@@ -11,9 +17,9 @@ counts as accepted when drafts 0..i all equal the target's tokens: the prefix ru
 `spec_decode_num_accepted_tokens_per_pos` counters, so the two are comparable. EAGLE-3 heads are fed the target's
 aux hidden states from transformers (eagle3_ref.py follows vLLM's conventions); draft models run on the text.
 
-For targets too large for this, pass "hidden_states": a folder of seq_<i>.pt files, each a dict with
-"ids" (prompt + greedy answer, int64 [L]), "prompt_len" (int) and "aux" ([L, n_aux*H], the inputs of the
-drafter's aux layers), dumped by the user's own serving stack.
+For targets too large for this, "hidden_states" names a folder of dumps from the user's training pipeline
+(SpecForge, speculators, or seq_*.pt: see dumps.py). No target weights are loaded then: only the input embedding,
+and only for heads that do not carry their own.
 """
 from __future__ import annotations
 
@@ -25,8 +31,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+import dumps  # noqa: E402
 import eagle3_ref  # noqa: E402
 from target_states import aux_states, encode, greedy, load_target  # noqa: E402
+
+
+DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+          "I16": torch.int16, "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "F64": torch.float64}
 
 
 def prefix_rates(correct: torch.Tensor) -> list[float]:
@@ -48,55 +59,80 @@ def draft_model_correct(model, ids: torch.Tensor, slots: torch.Tensor, k: int) -
 
 
 def sequences(job: dict, layers: set[int]):
-    """(ids, prompt_len, aux or None) per prompt."""
+    """(ids, mask, aux or None) per sequence: mask[p] marks the generated (scored) tokens."""
     if job.get("hidden_states"):
-        for f in sorted(Path(job["hidden_states"]).glob("seq_*.pt")):
-            s = torch.load(f)
-            yield torch.as_tensor(s["ids"]), int(s["prompt_len"]), s["aux"]
+        name, seqs = dumps.read(job["hidden_states"], job.get("loss_masks"))
+        print(f"reading {name} hidden-state dumps from {job['hidden_states']}", file=sys.stderr)
+        yield from seqs
         return
-    model, tok = load_target(job["target"])
+    model, tok = load_target(job["target"], trust_remote_code=job.get("trust_remote_code", False))
     prompts = [encode(tok, p, job.get("chat", True)) for p in job["prompts"]]
     for prompt, gen in greedy(model, tok, prompts, job["max_tokens"], batch=8):
-        ids = prompt + gen
-        aux = aux_states(model, ids, sorted(layers)) if layers else None
-        yield torch.tensor(ids), len(prompt), aux
+        ids = torch.tensor(prompt + gen)
+        aux = aux_states(model, ids.tolist(), sorted(layers)) if layers else None
+        yield ids, torch.arange(len(ids)) >= len(prompt), aux
+
+
+def read_ref(ref: dict) -> torch.Tensor:
+    """One tensor from its reference: only its own bytes of a safetensors file; a .bin is loaded (mmap) for it."""
+    if ref.get("offset") is None:
+        return torch.load(ref["file"], map_location="cpu", mmap=True, weights_only=True)[ref["key"]].clone()
+    dtype = DTYPES[ref["dtype"]]
+    count = int(torch.tensor(ref["shape"]).prod()) if ref["shape"] else 1
+    with open(ref["file"], "rb") as f:
+        f.seek(ref["offset"])
+        data = bytearray(f.read(count * torch.empty(0, dtype=dtype).element_size()))
+    return torch.frombuffer(data, dtype=dtype).reshape(ref["shape"])
+
+
+def head(spec: dict, embed_ref: dict | None):
+    """The EAGLE-3 head from the job's description (any format), or from its folder as this project saves it."""
+    if not spec.get("tensors"):
+        return eagle3_ref.load(spec["path"], read_ref(embed_ref).float() if embed_ref else None)
+    if "kv_lora_rank" in spec["config"]:
+        raise SystemExit(f"{spec['arm']}: an MLA head ({spec['config'].get('model_type')}); the offline reference "
+                         f"models Llama-layer EAGLE-3 heads only: judge it by the served control instead")
+    tensors = {k: read_ref(r) for k, r in spec["tensors"].items()}
+    embed = read_ref(embed_ref).float() if embed_ref and "embed_tokens.weight" not in tensors else None
+    return eagle3_ref.build(spec["config"], tensors, embed, spec["path"])
+
+
+def slots_of(mask: torch.Tensor, k: int) -> torch.Tensor:
+    """Slots t whose next token is generated and whose k drafts still fall inside the sequence."""
+    t = torch.arange(len(mask) - 1)
+    return t[mask[1:] & (t <= len(mask) - k - 2)]
 
 
 def main() -> None:
     job = json.loads(Path(sys.argv[1]).read_text())
     start = time.monotonic()
-    drafters, layers = [], set()
-    for spec in job["drafters"]:
-        if spec["method"] == "eagle3":
-            cfg = json.loads((Path(spec["path"]) / "config.json").read_text())
-            layers |= set(cfg["eagle_aux_hidden_state_layer_ids"])
-        drafters.append(spec)
+    drafters = job["drafters"]
+    layers = {i for d in drafters if d["method"] == "eagle3" for i in aux_ids(d)}
     seqs = list(sequences(job, layers))
     layers = sorted(layers)
-    embed = None
+    for dump in job.get("write_dumps") or []:  # the states just computed, in a training pipeline's format
+        dumps.write(dump["folder"], dump["format"], [(ids, int((~mask).sum()), aux) for ids, mask, aux in seqs],
+                    len(layers))
     results = {}
     for spec in drafters:
         k, rows = spec["k"], []
         if spec["method"] == "eagle3":
-            if embed is None:
-                from safetensors import safe_open
-                target_dir = Path(job["target"])
-                for f in sorted(target_dir.glob("*.safetensors")):
-                    with safe_open(str(f), "pt") as sf:
-                        if "model.embed_tokens.weight" in sf.keys():
-                            embed = sf.get_tensor("model.embed_tokens.weight").float()
-            d = eagle3_ref.load(spec["path"], embed)
+            d = head(spec, job.get("target_embed"))
             own = [layers.index(i) for i in d.aux_layers]  # this head's aux states, out of the union computed
-            h = d.cfg.get("target_hidden_size", d.cfg["hidden_size"])
+            h = d.cfg.get("target_hidden_size") or d.cfg["hidden_size"]
             idx = torch.cat([torch.arange(i * h, (i + 1) * h) for i in own])
+            width = len(layers) * h
+            if seqs and seqs[0][2].shape[-1] != width:
+                raise SystemExit(f"{spec['arm']}: the hidden states are {seqs[0][2].shape[-1]} wide; the heads read "
+                                 f"{len(layers)} aux layers {layers} of {h}: dumps of other layers or another target?")
         else:
             from transformers import AutoModelForCausalLM
             model = AutoModelForCausalLM.from_pretrained(spec["path"], dtype=torch.float32).eval()
-        for ids, plen, aux in seqs:
-            slots = torch.arange(max(0, plen - 1), len(ids) - k - 1)  # token t+1 generated, t+k+1 inside
+        for ids, mask, aux in seqs:
+            slots = slots_of(mask, k)
             if len(slots) == 0:
                 continue
-            rows.append(eagle3_correct(d, ids, aux[:, idx], slots, k) if spec["method"] == "eagle3"
+            rows.append(eagle3_correct(d, ids, aux[:, idx].float(), slots, k) if spec["method"] == "eagle3"
                         else draft_model_correct(model, ids, slots, k))
         correct = torch.cat(rows) if rows else torch.zeros(0, k, dtype=torch.bool)
         per_pos = prefix_rates(correct)
@@ -104,9 +140,17 @@ def main() -> None:
                                 "acceptance_rate": sum(per_pos) / k if per_pos else 0.0,
                                 "mean_acceptance_length": 1 + sum(per_pos)}
     out = {"arms": results, "sequences": len(seqs), "target_tokens": int(sum(len(s[0]) for s in seqs)),
+           "source": "hidden_states" if job.get("hidden_states") else "transformers",
+           "modules": sorted(m for m in ("transformers", "vllm") if m in sys.modules),
            "seconds": time.monotonic() - start}
     Path(sys.argv[2]).write_text(json.dumps(out, indent=2))
     print(json.dumps(out))
+
+
+def aux_ids(spec: dict) -> list[int]:
+    if spec.get("config"):
+        return spec["config"]["eagle_aux_hidden_state_layer_ids"]
+    return json.loads((Path(spec["path"]) / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"]
 
 
 if __name__ == "__main__":

@@ -8,12 +8,12 @@ from __future__ import annotations
 import torch
 
 
-def load_target(path: str, dtype=torch.float32):
+def load_target(path: str, dtype=torch.float32, trust_remote_code: bool = False):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code).eval()
     return model, tok
 
 

@@ -75,3 +75,56 @@ def test_d2t_maps_draft_ids_to_target_ids():
 def test_prefix_rates_count_a_position_only_when_all_earlier_drafts_were_right():
     correct = torch.tensor([[1, 1, 0], [1, 0, 1], [0, 1, 1], [1, 1, 1]], dtype=torch.bool)
     assert prefix_rates(correct) == [0.75, 0.5, 0.25]
+
+
+D2T = torch.tensor([1] + [0] * 39)  # draft id 0 serves target id 1
+
+
+def _formats(tmp_path, d):
+    """One trained head saved as SpecForge, speculators and the EAGLE repo save theirs (tests/fixtures/formats.py
+    cites each layout), with the same weights."""
+    from tests.fixtures import formats as F
+
+    sd = {k: v for k, v in d.state_dict().items() if k not in ("embed",)}
+    sd["d2t"] = D2T
+    common = {k: CFG[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+                                  "rms_norm_eps", "vocab_size", "draft_vocab_size", "rope_theta")}
+    aux = {"eagle_aux_hidden_state_layer_ids": CFG["eagle_aux_hidden_state_layer_ids"]}
+    eng = lambda k: k.replace("midlayer.", "layers.0.")  # noqa: E731
+    return {
+        "specforge": F._save(tmp_path / "sf", {"architectures": ["LlamaForCausalLMEagle3"], **common,
+                                               "eagle_config": aux}, sd),
+        "speculators": F._save(tmp_path / "sp", {"architectures": ["Eagle3Speculator"],
+                                                 "speculators_model_type": "eagle3",
+                                                 "speculators_config": {"algorithm": "eagle3"},
+                                                 "transformer_layer_config": common, **aux,
+                                                 "draft_vocab_size": 40, "target_hidden_size": None,
+                                                 "norm_before_residual": False}, sd, rename=eng, fmt="sharded"),
+        "eagle-repo": F._save(tmp_path / "er", {"architectures": ["LlamaForCausalLM"], **common, **aux,
+                                                "num_hidden_layers": 1}, sd, fmt="bin"),
+    }
+
+
+def test_the_offline_reference_reads_every_llama_head_format_from_its_description(tmp_path):
+    """offline_eval builds the head from infra/checkpoints' normalised description (engine names, byte offsets):
+    the same weights in any public layout give the same draft logits."""
+    from infra.checkpoints import TargetSpec, read_drafter
+    from infra.engine_side.offline_eval import read_ref
+    from infra.executor import LocalExecutor
+    from infra.arms import Arm
+    from infra.config import DrafterConfig
+    from tasks.offline import describe
+
+    d, target = tiny(), TargetSpec("t", ["LlamaForCausalLM"], "llama", 16, 40, 6, 2048, False)
+    aux, ids = torch.randn(12, 48), torch.randint(0, 40, (12,))
+    with torch.no_grad():
+        want = d.chain_logits(aux, ids, 2)
+    for fmt, path in _formats(tmp_path, d).items():
+        assert read_drafter(LocalExecutor(), str(path)).format == fmt
+        arm = Arm(fmt, "candidate", fmt, DrafterConfig(method="eagle3", model=str(path)))
+        spec = describe(LocalExecutor(), arm, target)
+        rebuilt = eagle3_ref.build(spec["config"], {k: read_ref(r) for k, r in spec["tensors"].items()}, d.embed, fmt)
+        with torch.no_grad():
+            for a, b in zip(rebuilt.chain_logits(aux, ids, 2), want):
+                torch.testing.assert_close(a, b, msg=fmt)
+        assert torch.equal(rebuilt.d2t, D2T), fmt
