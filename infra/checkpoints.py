@@ -21,7 +21,9 @@ GPU host over SFTP, and only headers, the mapping and sampled rows are read, nev
 """
 from __future__ import annotations
 
+import functools
 import json
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -139,7 +141,7 @@ def safetensors_header(fs, file: str) -> dict[str, TensorRef]:
 
 def _bin_refs(file: str) -> dict[str, TensorRef]:
     """A torch .bin (the original EAGLE repo's `pytorch_model.bin`), memory-mapped: shapes without reading data."""
-    sd = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+    sd = _bin(file)
     return {k: TensorRef(file, str(v.dtype).replace("torch.", ""), tuple(v.shape), None, k) for k, v in sd.items()}
 
 
@@ -169,10 +171,20 @@ def tensor_index(fs, path: str, wanted=None) -> dict[str, TensorRef]:
     return out if wanted is None else {k: v for k, v in out.items() if wanted(k)}
 
 
+def _bin(file: str) -> dict[str, torch.Tensor]:
+    """A torch .bin state dict, memory-mapped once per file version (its tensors are read on use)."""
+    return _bin_version(file, os.stat(file).st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _bin_version(file: str, _mtime: int) -> dict[str, torch.Tensor]:
+    return torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+
+
 def read_tensor(fs, ref: TensorRef) -> torch.Tensor:
     """A whole tensor (only for small ones: d2t, t2d, norms)."""
     if ref.offset is None:
-        return torch.load(ref.file, map_location="cpu", mmap=True, weights_only=True)[ref.key].clone()
+        return _bin(ref.file)[ref.key].clone()
     count = 1
     for d in ref.shape:
         count *= d
@@ -187,8 +199,7 @@ def read_tensor(fs, ref: TensorRef) -> torch.Tensor:
 def read_rows(fs, ref: TensorRef, rows: list[int]) -> torch.Tensor:
     """Rows of a 2-D tensor (sampled vocabulary rows of an lm_head or embedding), reading only those bytes."""
     if ref.offset is None:
-        sd = torch.load(ref.file, map_location="cpu", mmap=True, weights_only=True)
-        return sd[ref.key][torch.tensor(rows)].float()
+        return _bin(ref.file)[ref.key][torch.tensor(rows)].float()
     width = ref.shape[1]
     row_bytes = width * torch.empty(0, dtype=ref.torch_dtype).element_size()
     out = []

@@ -36,6 +36,9 @@ class DrafterConfig(_Strict):
     extra: dict[str, Any] = Field(default_factory=dict)
     # Environment for this arm's server only, e.g. an engine-side patch switched on for one arm.
     engine_env: dict[str, str] = Field(default_factory=dict)
+    # What this drafter reaches when served right (e.g. from its model card; note the source in a comment). A control
+    # counts as known-good against this, or against its own offline acceptance: low against it means the engine.
+    expected_acceptance: float | None = Field(default=None, ge=0, le=1)
 
     @model_validator(mode="after")
     def _check_drafter(self) -> "DrafterConfig":

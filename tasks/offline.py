@@ -31,6 +31,7 @@ class OfflineResult:
 
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     status: str = "none"
+    variants: dict[str, dict[str, dict]] = field(default_factory=dict)  # arm -> variant -> what it changed
     note: str = ""
 
     def line(self) -> str | None:
@@ -39,16 +40,40 @@ class OfflineResult:
 
 
 def offline_metrics(arm_result: dict) -> dict[str, float]:
-    """The script's numbers for one arm, under the names the arm's MLflow run carries."""
+    """The script's numbers for one arm, under the names the arm's MLflow run carries; aux-layer variants as
+    offline_<metric>_aux_<variant>."""
     out = {"offline_acceptance_rate": arm_result["acceptance_rate"],
            "offline_mean_acceptance_length": arm_result["mean_acceptance_length"],
            "offline_num_slots": float(arm_result["slots"])}
     out.update({f"offline_acceptance_rate_pos_{i}": v for i, v in enumerate(arm_result["per_position"])})
+    for name, v in (arm_result.get("variants") or {}).items():
+        out.update({f"offline_acceptance_rate_aux_{name}": v["acceptance_rate"],
+                    f"offline_mean_acceptance_length_aux_{name}": v["mean_acceptance_length"],
+                    f"offline_num_slots_aux_{name}": float(v["slots"])})
     return out
 
 
-def describe(fs, arm: Arm, target) -> dict:
-    """One drafter of the job, from its normalised description: the engine's config, aux ids and tensor places."""
+def variants(d, target, control=None) -> dict[str, dict]:
+    """The head with one thing changed, each evaluated offline beside it. Other aux layer sets it may have been
+    trained on than the ones the engine will feed it: the engine's default (ids missing from a config, vLLM #50170),
+    the ids shifted by one (a trainer/engine offset convention, SGLang #25454), the control's; only sets of the same
+    size (the fc width) within the target's layers. And the control's d2t, for a head of the same draft vocab size
+    (the control_mapping intervention, without a server)."""
+    n, fed = target.num_layers, d.engine_aux_ids(target.num_layers)
+    aux = {"default": sorted({2, n // 2, n - 3}), "plus1": [i + 1 for i in fed], "minus1": [i - 1 for i in fed]}
+    if control is not None:
+        aux["control"] = control.engine_aux_ids(n)
+    out = {k: {"aux": v} for k, v in aux.items()
+           if v != fed and len(set(v)) == len(fed) and 0 <= min(v) and max(v) < n}
+    ref = control.tensors.get("d2t") if control is not None else None
+    if ref is not None and ref.shape == (d.draft_vocab_size,) and d.tensors.get("d2t") != ref:
+        out["control_mapping"] = {"d2t": asdict(ref)}
+    return out
+
+
+def describe(fs, arm: Arm, target, control=None) -> dict:
+    """One drafter of the job, from its normalised description: the engine's config, aux ids and tensor places,
+    and the aux layer sets to try it with (control: the control's DrafterSpec, if it is an EAGLE-3 head)."""
     spec = {"arm": arm.name, "method": arm.spec.method, "path": arm.spec.model, "k": arm.spec.num_speculative_tokens}
     if arm.spec.method != "eagle3":
         return spec
@@ -56,7 +81,8 @@ def describe(fs, arm: Arm, target) -> dict:
     config = {**d.config, "eagle_aux_hidden_state_layer_ids": d.engine_aux_ids(target.num_layers),
               "target_hidden_size": d.target_hidden_size, "draft_vocab_size": d.draft_vocab_size,
               "vocab_size": d.vocab_size or target.vocab_size}
-    return {**spec, "config": config, "tensors": {k: asdict(r) for k, r in d.tensors.items()}}
+    return {**spec, "config": config, "tensors": {k: asdict(r) for k, r in d.tensors.items()},
+            "variants": variants(d, target, control)}
 
 
 def skip_reason(cfg: Profile, target) -> str | None:
@@ -76,7 +102,10 @@ def build_job(cfg: Profile, fs, chosen: list[Arm], target_path: str, prompts: li
            "max_tokens": cfg.bench.max_tokens, "trust_remote_code": "--trust-remote-code" in cfg.target.args,
            "target_embed": asdict(embed) if embed else None,
            "hidden_states": cfg.offline.hidden_states, "loss_masks": cfg.offline.loss_masks,
-           "drafters": [describe(fs, a, target) for a in chosen]}
+           "drafters": []}
+    ctrl = next((a for a in chosen if a.role == "control" and a.spec.method == "eagle3"), None)
+    control = read_drafter(fs, ctrl.spec.model, "eagle3") if ctrl else None
+    job["drafters"] = [describe(fs, a, target, control if a is not ctrl else None) for a in chosen]
     return job, skip_reason(cfg, target)
 
 
@@ -147,4 +176,7 @@ def _result(done: Completed | None, skip: str | None, out_file: Path, tracker: T
     report = json.loads(out_file.read_text())
     print(f"offline evaluation: {report['target_tokens']} target tokens from {report.get('source', 'the target')} "
           f"in {report['seconds']:.0f} s")
-    return OfflineResult({arm: offline_metrics(r) for arm, r in report["arms"].items()}, "ok")
+    return OfflineResult({arm: offline_metrics(r) for arm, r in report["arms"].items()}, "ok",
+                         variants={arm: {k: {c: v[c] for c in ("aux", "d2t") if c in v}
+                                         for k, v in (r.get("variants") or {}).items()}
+                                   for arm, r in report["arms"].items()})

@@ -13,6 +13,7 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from infra.tracking import Tracker  # noqa: E402
 from tasks.record import ArmResult  # noqa: E402
+from tasks.speedup import speed_models  # noqa: E402
 
 
 def per_position(metrics: dict[str, float]) -> list[float]:
@@ -48,7 +49,30 @@ def draw(results: list[ArmResult], out: Path) -> list[Path]:
     fig.tight_layout()
     fig.savefig(tps_path, dpi=100)
     plt.close(fig)
-    return [acc_path, tps_path]
+    return [acc_path, tps_path] + _speed_by_k(results, out)
+
+
+def _speed_by_k(results: list[ArmResult], out: Path) -> list[Path]:
+    """Predicted speedup per k (the speed model), the measured one at the served k with its interval."""
+    models = speed_models(results)
+    if not models:
+        return []
+    path = out / "speedup_by_k.png"
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for sm in models.values():
+        line, = ax.plot(list(sm.predicted), list(sm.predicted.values()), marker="o", label=f"{sm.arm} (predicted)")
+        if sm.measured:
+            mean, lo, hi = sm.measured
+            ax.errorbar([sm.k], [mean], yerr=[[mean - lo], [hi - mean]], fmt="s", color=line.get_color(),
+                        capsize=4, label=f"{sm.arm} (measured)")
+    ax.axhline(1.0, color="grey", linestyle="--")
+    ax.set_xticks(sorted({k for sm in models.values() for k in sm.predicted}))
+    ax.set(xlabel="num_speculative_tokens (k)", ylabel="speedup vs baseline", title="Speedup by k")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
 
 
 @task(name="plots", cache_policy=NO_CACHE)

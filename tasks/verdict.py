@@ -5,7 +5,7 @@ draft are correlated, so counting draft tokens would overstate the precision).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
@@ -16,6 +16,7 @@ from infra.tracking import Tracker
 from tasks.inspect import Finding
 from tasks.offline import OfflineResult
 from tasks.record import ArmResult
+from tasks.speedup import k_sweep, speed_models, speedup_interval
 
 VOCAB_CODES = {"d2t_missing", "d2t_shape", "d2t_range", "d2t_duplicates", "d2t_scrambled", "d2t_partial",
                "embedding_mismatch", "tokenizer"}
@@ -117,10 +118,86 @@ def probe_verdict(cand: ArmResult, results: list[ArmResult], evidence: list[str]
 
 def decide(results: list[ArmResult], findings: dict[str, list[Finding]],
            offline: OfflineResult | None = None) -> Verdict:
-    v = _decide(results, findings, offline or OfflineResult())
+    v = _draft_overhead(_decide(results, findings, offline or OfflineResult()), results)
     if offline and offline.line() and offline.line() not in v.evidence:
         v.evidence.append(offline.line())
     return v
+
+
+def _offline_variant(cand: ArmResult, offline: OfflineResult, kind: str) -> tuple[float, str, dict, dict] | None:
+    """The best offline variant of the candidate that changes `kind` (aux / d2t) and accepts far more than the head
+    as the engine runs it: separated intervals, PROBE_RATIO, enough slots."""
+    m, found = cand.metrics, []
+    _, fed_hi = offline_interval(m)
+    for name, change in offline.variants.get(cand.arm, {}).items():
+        v = {k.removesuffix(f"_aux_{name}"): val for k, val in m.items() if k.endswith(f"_aux_{name}")}
+        if kind in change and v.get("offline_num_slots", 0) >= MIN_DRAFTS and offline_interval(v)[0] > fed_hi and \
+                v["offline_acceptance_rate"] >= PROBE_RATIO * m["offline_acceptance_rate"]:
+            found.append((v["offline_acceptance_rate"], name, change, v))
+    return max(found, key=lambda f: f[0]) if found else None
+
+
+def _offline_intervention(cand: ArmResult, offline: OfflineResult, evidence: list[str]) -> Verdict | None:
+    """One thing changed offline (the layers fed, the mapping) makes the head accept far more: that thing is the
+    cause, confirmed by the intervention without a server."""
+    mapped = _offline_variant(cand, offline, "d2t")
+    if mapped:
+        rate, _, _, v = mapped
+        lo, hi = offline_interval(v)
+        return Verdict("vocab_mismatch", evidence + [
+            f"{cand.arm}: offline acceptance {rate:.3f} [95% CI {lo:.3f}-{hi:.3f}] with the control's d2t instead of "
+            f"its own: its vocabulary mapping is wrong (confirmed by the intervention, offline)"],
+            "regenerate the candidate's d2t/t2d from the data it was trained on, or reuse the control's")
+    layered = _offline_variant(cand, offline, "aux")
+    if layered:
+        rate, name, change, v = layered
+        lo, hi = offline_interval(v)
+        return Verdict("aux_layers", evidence + [
+            f"{cand.arm}: offline acceptance {rate:.3f} [95% CI {lo:.3f}-{hi:.3f}] when fed target layers "
+            f"{change['aux']} ({name}) instead of the ones the engine feeds it: the head was trained on other layers "
+            f"than it is served"],
+            f"set eagle_aux_hidden_state_layer_ids to {change['aux']} in the head's config.json (the layers it was "
+            f"trained on)")
+    return None
+
+
+def _low_control(ctrl: ArmResult, c_hi: float, evidence: list[str]) -> Verdict:
+    """A low control names the engine only when it is low against what it should reach: its own offline acceptance
+    on the same prompts, or the profile's expected_acceptance. As good as it ever was, it is a weak control."""
+    m = ctrl.metrics
+    off = offline_interval(m)
+    expected = (off[0], f"its own offline acceptance (lower {off[0]:.3f})") if off else \
+        (m["expected_acceptance"], f"its expected_acceptance {m['expected_acceptance']:.2f} (profile)") \
+        if "expected_acceptance" in m else None
+    if expected and c_hi < INTEGRATION_RATIO * expected[0]:
+        return Verdict("integration", evidence + [
+            f"the control is low against {expected[1]}: served upper {c_hi:.3f} is under half of it; the engine path "
+            f"(hidden states, patches, flags) is at fault, not this drafter"],
+            "compare with the control on a known-good engine build; check aux layer ids")
+    why = f"as good as {expected[1]}: a weak control, not a broken engine" if expected else \
+        "nothing says what it should reach (no offline numbers, no expected_acceptance in the profile)"
+    return Verdict("inconclusive", evidence + [f"the control is low too (upper {c_hi:.3f}), but {why}"],
+                   "use a stronger control, or declare the control's expected_acceptance (e.g. from its model card), "
+                   "or let the offline evaluation run for it")
+
+
+def _draft_overhead(v: Verdict, results: list[ArmResult]) -> Verdict:
+    """Acceptance called healthy, but the drafter costs more than it saves: the speedup's whole interval below 1."""
+    cand = next((r for r in results if r.role == "candidate" and r.ok), None)
+    sm = speed_models(results).get(cand.arm) if cand else None
+    if v.cause != "healthy" or not sm or not sm.measured or sm.measured[2] >= 1.0:
+        return v
+    swept, best_measured = k_sweep(results)
+    if best_measured is not None and best_measured != sm.k:
+        pays = f"serve it with k={best_measured} (the best measured in the k_sweep)"
+    elif sm.best_k and sm.best_k != sm.k:
+        pays = f"serve it with k={sm.best_k} (predicted {sm.predicted[sm.best_k]:.2f}x)"
+    else:
+        pays = "no k pays off with this drafter on this host and load: use a cheaper drafter (an EAGLE-3 head, " \
+               "ngram) or none"
+    return Verdict("draft_overhead", v.evidence + [sm.line(), f"acceptance is fine, but the whole speedup interval "
+                   f"lies below 1 ({sm.measured[2]:.2f}x at best): each step costs {sm.step_cost:.2f} baseline steps "
+                   f"for {sm.tokens_per_step:.2f} tokens"], pays)
 
 
 def _decide(results: list[ArmResult], findings: dict[str, list[Finding]], offline: OfflineResult) -> Verdict:
@@ -160,6 +237,9 @@ def _decide(results: list[ArmResult], findings: dict[str, list[Finding]], offlin
     off = offline_interval(m)
     if off:
         evidence.append(_fmt_offline(cand.arm, m))
+        changed = _offline_intervention(cand, offline, evidence)
+        if changed:
+            return changed
         if off[0] >= NEAR_ZERO and hi < INTEGRATION_RATIO * off[0]:
             return Verdict("integration", evidence + [
                 f"served acceptance (upper {hi:.3f}) is far below what the same checkpoint reaches offline on the "
@@ -182,9 +262,7 @@ def _decide(results: list[ArmResult], findings: dict[str, list[Finding]], offlin
     c_lo, c_hi = acceptance_interval(ctrl.metrics)
     evidence.append(_fmt(ctrl.arm, ctrl.metrics) + " (control)")
     if c_hi < CONTROL_GOOD:
-        return Verdict("integration", evidence + [
-            "the known-good control is low too: the engine path (hidden states, patches, flags) is at fault, "
-            "not this drafter"], "compare with the control on a known-good engine build; check aux layer ids")
+        return _low_control(ctrl, c_hi, evidence)
     if lo > c_hi:
         return Verdict("healthy", evidence + ["candidate acceptance is above the control's"])
     if hi >= c_lo:
@@ -212,22 +290,50 @@ def _decide(results: list[ArmResult], findings: dict[str, list[Finding]], offlin
 
 
 def throughput_lines(results: list[ArmResult]) -> list[str]:
+    """Per drafter arm: the speed model (tokens per step, step cost, predicted vs measured, best k), or, without
+    per-position counters, the measured speedup alone."""
     base = next((r for r in results if r.role == "baseline" and r.ok), None)
-    lines = []
+    models, lines = speed_models(results), []
     for r in results:
-        if r.ok and base and r is not base and r.request_tok_s and base.request_tok_s:
-            mean, lo, hi = mean_interval(r.request_tok_s)
-            b_mean, b_lo, b_hi = mean_interval(base.request_tok_s)
-            lines.append(f"{r.arm}: {mean:.1f} tok/s per stream vs baseline {b_mean:.1f}; speedup "
-                         f"{mean / b_mean:.2f}x [{lo / b_hi:.2f}-{hi / b_lo:.2f}]")
+        if r.arm in models:
+            lines.append(models[r.arm].line())
+        elif r.ok and base and r is not base and (s := speedup_interval(r, base)):
+            lines.append(f"{r.arm}: {mean_interval(r.request_tok_s)[0]:.1f} tok/s per stream vs baseline "
+                         f"{mean_interval(base.request_tok_s)[0]:.1f}; speedup {s[0]:.2f}x [{s[1]:.2f}-{s[2]:.2f}]")
     return lines
+
+
+def arm_verdicts(results: list[ArmResult], findings: dict[str, list[Finding]],
+                 offline: OfflineResult | None = None) -> dict[str, Verdict]:
+    """A cause for every other drafter arm, decided as if it were the candidate: the control's against its own
+    evidence (no reference), an extra arm's against the control. Probes are read by the candidate's verdict."""
+    ctrl = next((r for r in results if r.role == "control"), None)
+    base = [r for r in results if r.role == "baseline"]
+    out = {}
+    for r in results:
+        if r.role not in ("control", "extra"):
+            continue
+        ref = [replace(ctrl)] if ctrl is not None and r is not ctrl else []
+        out[r.arm] = decide(base + [replace(r, role="candidate")] + ref, findings, offline)
+    return out
 
 
 @task(name="verdict", cache_policy=NO_CACHE)
 def verdict(tracker: Tracker, parent_run_id: str, results: list[ArmResult],
             findings: dict[str, list[Finding]], offline: OfflineResult | None = None) -> Verdict:
     v = decide(results, findings, offline)
-    v.evidence += throughput_lines(results)
+    v.evidence += [line for line in throughput_lines(results) if line not in v.evidence]
+    sweep, _ = k_sweep(results)
+    if sweep:
+        v.evidence.append(sweep)
+    cand = next((r for r in results if r.role == "candidate"), None)
+    if cand is not None:
+        tracker.tag(cand.run_id, "specdiag.arm_verdict", v.cause)
+    for arm, av in arm_verdicts(results, findings, offline).items():
+        tracker.tag(next(r.run_id for r in results if r.arm == arm), "specdiag.arm_verdict", av.cause)
+        v.evidence.append(f"{arm} on its own: `{av.cause}` ({av.evidence[-1] if av.evidence else ''})")
+    for arm, sm in speed_models(results).items():
+        tracker.metrics(next(r.run_id for r in results if r.arm == arm), sm.metrics())
     tracker.tag(parent_run_id, "specdiag.verdict", v.cause)
     tracker.text(parent_run_id, v.markdown(), "verdict.md")
     create_markdown_artifact(v.markdown(), key="specdiag-verdict", description="specdiag verdict")

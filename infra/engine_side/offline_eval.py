@@ -103,42 +103,64 @@ def slots_of(mask: torch.Tensor, k: int) -> torch.Tensor:
     return t[mask[1:] & (t <= len(mask) - k - 2)]
 
 
+def summary(rows: list[torch.Tensor], k: int) -> dict:
+    correct = torch.cat(rows) if rows else torch.zeros(0, k, dtype=torch.bool)
+    per_pos = prefix_rates(correct)
+    return {"per_position": per_pos, "slots": len(correct), "acceptance_rate": sum(per_pos) / k if per_pos else 0.0,
+            "mean_acceptance_length": 1 + sum(per_pos)}
+
+
+def eagle3_result(spec: dict, job: dict, seqs: list, layers: list[int]) -> dict:
+    """The head fed the layers its config names (what the engine feeds it), then each variant of spec["variants"]
+    (other aux id sets it may have been trained on) whose layers were computed."""
+    d, k = head(spec, job.get("target_embed")), spec["k"]
+    h = d.cfg.get("target_hidden_size") or d.cfg["hidden_size"]
+    if seqs and seqs[0][2].shape[-1] != len(layers) * h:
+        raise SystemExit(f"{spec['arm']}: the hidden states are {seqs[0][2].shape[-1]} wide; the heads read "
+                         f"{len(layers)} aux layers {layers} of {h}: dumps of other layers or another target?")
+
+    def fed(ids: list[int]) -> dict:
+        idx = torch.cat([torch.arange(layers.index(i) * h, (layers.index(i) + 1) * h) for i in sorted(set(ids))])
+        rows = [eagle3_correct(d, t, aux[:, idx].float(), slots_of(m, k), k) for t, m, aux in seqs
+                if len(slots_of(m, k))]
+        return summary(rows, k)
+
+    out, own_d2t = fed(d.aux_layers), d.d2t.clone()
+    out["variants"] = {}
+    for name, change in (spec.get("variants") or {}).items():  # one thing changed: the layers, or the mapping
+        if "aux" in change and set(change["aux"]) <= set(layers):
+            out["variants"][name] = {**fed(change["aux"]), **change}
+        elif "d2t" in change:
+            d.d2t.copy_(read_ref(change["d2t"]).long())
+            out["variants"][name] = {**fed(d.aux_layers), "d2t": change["d2t"]["file"]}
+            d.d2t.copy_(own_d2t)
+    return out
+
+
+def draft_model_result(spec: dict, seqs: list) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    model, k = AutoModelForCausalLM.from_pretrained(spec["path"], dtype=torch.float32).eval(), spec["k"]
+    return summary([draft_model_correct(model, t, slots_of(m, k), k) for t, m, _ in seqs if len(slots_of(m, k))], k)
+
+
 def main() -> None:
     job = json.loads(Path(sys.argv[1]).read_text())
     start = time.monotonic()
     drafters = job["drafters"]
-    layers = {i for d in drafters if d["method"] == "eagle3" for i in aux_ids(d)}
+    own = sorted({i for d in drafters if d["method"] == "eagle3" for i in aux_ids(d)})
+    layers = set(own)
+    if not job.get("hidden_states"):  # dumps hold the layers they were made for; a target run computes any
+        layers |= {i for d in drafters for v in (d.get("variants") or {}).values() for i in v.get("aux", ())}
     seqs = list(sequences(job, layers))
     layers = sorted(layers)
-    for dump in job.get("write_dumps") or []:  # the states just computed, in a training pipeline's format
-        dumps.write(dump["folder"], dump["format"], [(ids, int((~mask).sum()), aux) for ids, mask, aux in seqs],
-                    len(layers))
-    results = {}
-    for spec in drafters:
-        k, rows = spec["k"], []
-        if spec["method"] == "eagle3":
-            d = head(spec, job.get("target_embed"))
-            own = [layers.index(i) for i in d.aux_layers]  # this head's aux states, out of the union computed
-            h = d.cfg.get("target_hidden_size") or d.cfg["hidden_size"]
-            idx = torch.cat([torch.arange(i * h, (i + 1) * h) for i in own])
-            width = len(layers) * h
-            if seqs and seqs[0][2].shape[-1] != width:
-                raise SystemExit(f"{spec['arm']}: the hidden states are {seqs[0][2].shape[-1]} wide; the heads read "
-                                 f"{len(layers)} aux layers {layers} of {h}: dumps of other layers or another target?")
-        else:
-            from transformers import AutoModelForCausalLM
-            model = AutoModelForCausalLM.from_pretrained(spec["path"], dtype=torch.float32).eval()
-        for ids, mask, aux in seqs:
-            slots = slots_of(mask, k)
-            if len(slots) == 0:
-                continue
-            rows.append(eagle3_correct(d, ids, aux[:, idx].float(), slots, k) if spec["method"] == "eagle3"
-                        else draft_model_correct(model, ids, slots, k))
-        correct = torch.cat(rows) if rows else torch.zeros(0, k, dtype=torch.bool)
-        per_pos = prefix_rates(correct)
-        results[spec["arm"]] = {"per_position": per_pos, "slots": len(correct),
-                                "acceptance_rate": sum(per_pos) / k if per_pos else 0.0,
-                                "mean_acceptance_length": 1 + sum(per_pos)}
+    for dump in job.get("write_dumps") or []:  # the heads' own layers, as a training pipeline dumps them
+        h = seqs[0][2].shape[-1] // len(layers)
+        cols = torch.cat([torch.arange(layers.index(i) * h, (layers.index(i) + 1) * h) for i in own])
+        dumps.write(dump["folder"], dump["format"],
+                    [(ids, int((~mask).sum()), aux[:, cols]) for ids, mask, aux in seqs], len(own))
+    results = {spec["arm"]: eagle3_result(spec, job, seqs, layers) if spec["method"] == "eagle3"
+               else draft_model_result(spec, seqs) for spec in drafters}
     out = {"arms": results, "sequences": len(seqs), "target_tokens": int(sum(len(s[0]) for s in seqs)),
            "source": "hidden_states" if job.get("hidden_states") else "transformers",
            "modules": sorted(m for m in ("transformers", "vllm") if m in sys.modules),

@@ -37,6 +37,20 @@ def test_faulty_engine_patch_is_named_integration(cli, no_servers_left):
     assert "specdiag fault injection" in log  # what it does
 
 
+def test_a_head_served_other_layers_than_it_was_trained_on_is_named_aux_layers(cli, no_servers_left):
+    """smol-eagle3-wrongaux: the trained head (layers 2, 15, 27) with a config naming (1, 8, 20). The engine feeds it
+    what the config says; offline, the same head on the engine's default layers accepts far more: `aux_layers`,
+    with the ids to put back, decided by the offline evaluation (no extra server)."""
+    done = cli("--drafter", "smol-eagle3-wrongaux", "--no-control", "--prompt-set", "topics",
+               "--prompts", "8", "--max-tokens", "48")
+    assert done.returncode == 0, done.output[-3000:]
+    m = done.arms["smol-eagle3-wrongaux"].data.metrics
+    assert m["offline_acceptance_rate_aux_default"] > 1.5 * m["offline_acceptance_rate"]
+    assert done.parent.data.tags["specdiag.verdict"] == "aux_layers"
+    verdict = done.artifact_text(done.parent, "verdict.md")
+    assert "eagle_aux_hidden_state_layer_ids to [2, 15, 27]" in verdict
+
+
 def test_eagle3_checkpoint_faults_are_caught_statically_in_seconds():
     """Before any server: the trained head passes, its scrambled-d2t and dropped-d2t variants do not."""
     import subprocess

@@ -1,4 +1,5 @@
-"""Two short diagnoses without a control: a config that silently does nothing, and a healthy drafter."""
+"""Short diagnoses without a control: a config that silently does nothing, a drafter that costs more than it saves,
+a checkpoint stopped before its load."""
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -11,11 +12,16 @@ def test_drafter_that_never_drafts_is_named_spec_disabled(cli, no_servers_left):
     assert done.parent.data.tags["specdiag.verdict"] == "spec_disabled"
 
 
-def test_target_as_its_own_drafter_is_named_healthy(cli, no_servers_left):
-    done = cli("--drafter", "smol-self", "--no-control")
+def test_target_as_its_own_drafter_is_named_draft_overhead(cli, no_servers_left):
+    """Every draft accepted, yet slower than no speculation on this CPU: acceptance is not the user's question."""
+    done = cli("--drafter", "smol-self", "--no-control", "--prompts", "8")
     assert done.returncode == 0, done.output[-3000:]
-    assert done.arms["smol-self"].data.metrics["acceptance_rate"] > 0.9
-    assert done.parent.data.tags["specdiag.verdict"] == "healthy"
+    m = done.arms["smol-self"].data.metrics
+    assert m["acceptance_rate"] > 0.9 and m["tokens_per_step"] > 4.5
+    assert m["predicted_speedup_k4"] < 1 and {f"predicted_speedup_k{k}" for k in (1, 2, 3)} <= set(m)
+    assert done.parent.data.tags["specdiag.verdict"] == "draft_overhead"
+    verdict = done.artifact_text(done.parent, "verdict.md")
+    assert "tokens per step at k=4" in verdict and "measured" in verdict and "pays off" in verdict
 
 
 def test_a_checkpoint_the_engine_cannot_map_is_stopped_before_its_load(cli, no_servers_left):

@@ -1,11 +1,14 @@
 """Static checks: what is and is not an error (the formats themselves: test_formats.py)."""
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from tasks.inspect import embedding_neighbour_overlap, inspect_drafter, row_agreement
+from tests.conftest import ROOT
 from tests.fixtures import formats as F
 
 
@@ -94,6 +97,10 @@ def test_bad_config_is_one_line_not_a_traceback(tmp_path, target):
     (head / "config.json").write_text(json.dumps({"architectures": ["Foo"]}))
     with pytest.raises(SpecdiagError, match="cannot tell the drafter type"):
         inspect_drafter.fn(str(head), None, target)
+    done = subprocess.run([sys.executable, "flows/inspect_drafter.py", str(head), "--target", target],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)  # as a user meets it
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().startswith("specdiag: error: cannot tell the drafter type")
 
 
 def test_a_draft_model_in_hugging_face_layout_is_checked_for_its_token_ids(tmp_path, target):

@@ -12,6 +12,11 @@ def arm(name, role, rate=None, drafts=200, k=4, ok=True, error="", tok_s=None):
     return ArmResult(name, role, f"run-{name}", ok, error, m, tok_s or [])
 
 
+def expecting(result, rate):
+    result.metrics["expected_acceptance"] = rate  # DrafterConfig.expected_acceptance, e.g. from a model card
+    return result
+
+
 BASE = arm("baseline", "baseline")
 VOCAB = {"cand": [Finding("error", "embedding_mismatch", "rows shuffled")]}
 
@@ -29,7 +34,8 @@ def test_wilson_matches_the_textbook_values():
     (arm("cand", "candidate", 0.45), arm("ctl", "control", 0.99), VOCAB, "vocab_mismatch"),
     (arm("cand", "candidate", 0.99), arm("ctl", "control", 0.99), {}, "healthy"),
     (arm("cand", "candidate", 0.99), None, {}, "healthy"),
-    (arm("cand", "candidate", 0.12), arm("ctl", "control", 0.10), {}, "integration"),
+    (arm("cand", "candidate", 0.12), expecting(arm("ctl", "control", 0.10), 0.7), {}, "integration"),
+    (arm("cand", "candidate", 0.12), arm("ctl", "control", 0.10), {}, "inconclusive"),  # no expectation: no claim
     (arm("cand", "candidate", ok=False, error="SpecDecodingOff: [x] no vllm:spec_decode_* series"),
      arm("ctl", "control", 0.99), {}, "spec_disabled"),
     (arm("cand", "candidate", 0.0, drafts=0), arm("ctl", "control", 0.99), {}, "spec_disabled"),
@@ -174,3 +180,60 @@ def test_a_gated_candidate_is_named_by_its_finding():
     assert v.cause == "vocab_mismatch" and any("d2t_missing" in e for e in v.evidence) and "--force" in v.next_step
     shapes = {"cand": [Finding("error", "hidden_size", "expects 7168, target has 4096")]}
     assert decide([BASE, gated, arm("ctl", "control", 0.99)], shapes).cause == "checkpoint_mismatch"
+
+
+@pytest.mark.parametrize("variant_rate, slots, cause", [
+    (0.45, 600, "aux_layers"),  # fed the engine's default layers, the head accepts far more: trained on those
+    (0.14, 600, "training_quality"),  # about the same on any layers: the layers are not the story
+    (0.45, 12, "training_quality"),  # a handful of slots decides nothing
+])
+def test_a_head_that_accepts_far_more_on_other_layers_was_trained_on_them(variant_rate, slots, cause):
+    from tasks.offline import OfflineResult
+
+    cand = with_offline(arm("cand", "candidate", 0.10, k=3), 0.11)
+    cand.metrics.update(offline_acceptance_rate_aux_default=variant_rate, offline_num_slots_aux_default=float(slots),
+                        offline_mean_acceptance_length_aux_default=1.0 + 3 * variant_rate)
+    offline = OfflineResult(status="ok", variants={"cand": {"default": {"aux": [2, 15, 27]}}})
+    v = decide([BASE, cand, arm("ctl", "control", 0.99)], {}, offline)
+    assert v.cause == cause, v.evidence
+    if cause == "aux_layers":
+        assert "[2, 15, 27]" in v.next_step and any("(default)" in e for e in v.evidence)
+
+
+def test_every_drafter_arm_gets_its_own_cause():
+    """The seed's terms: the origin head at 0.7, the fine-tuned one at 0.15 on one engine -> the fine-tuned one is
+    `training_quality`, the origin `healthy`; both at 0.15 -> the engine (`integration`)."""
+    from tasks.verdict import arm_verdicts
+
+    custom, aqmedai = arm("custom", "candidate", 0.15, drafts=400), arm("aqmedai", "control", 0.70, drafts=300)
+    results = [BASE, custom, aqmedai, arm("ngram", "extra", 0.20, drafts=300)]
+    assert decide(results, {}).cause == "training_quality"
+    others = arm_verdicts(results, {})
+    assert others["aqmedai"].cause == "healthy" and others["ngram"].cause == "training_quality"
+    both_low = [BASE, custom, expecting(arm("aqmedai", "control", 0.15, drafts=300), 0.518)]  # vllm PR #35966
+    assert decide(both_low, {}).cause == "integration"
+    assert arm_verdicts(both_low, {})["aqmedai"].cause == "inconclusive"  # alone, low with no reference
+
+
+def test_the_controls_mapping_restoring_acceptance_offline_confirms_vocab_mismatch():
+    """A wrong but self-consistent d2t passes every static check; the candidate head with the control's d2t, offline,
+    accepts far more: vocab_mismatch, confirmed by the intervention, even beside a weak control."""
+    from tasks.offline import OfflineResult
+
+    cand = with_offline(arm("cand", "candidate", 0.01, k=3), 0.01)
+    cand.metrics.update(offline_acceptance_rate_aux_control_mapping=0.30, offline_num_slots_aux_control_mapping=600.0,
+                        offline_mean_acceptance_length_aux_control_mapping=1.9)
+    offline = OfflineResult(status="ok", variants={"cand": {"control_mapping": {"d2t": {"file": "c/model.safetensors"}}}})
+    v = decide([BASE, cand, arm("ctl", "control", 0.14)], {}, offline)
+    assert v.cause == "vocab_mismatch" and "control's d2t" in v.evidence[-1], v.evidence
+    assert decide([BASE, cand, arm("ctl", "control", 0.14)], {}, OfflineResult(status="ok")).cause != "vocab_mismatch"
+
+
+def test_a_control_only_as_good_as_it_always_was_never_makes_integration():
+    """The demo's weak EAGLE-3 head as control: 0.14 served, 0.15 offline on the same prompts. The candidate is low,
+    but a control that reaches what it always reaches says nothing of the engine."""
+    weak = with_offline(arm("ctl", "control", 0.14, k=3), 0.15)
+    v = decide([BASE, arm("cand", "candidate", 0.02), weak], {})
+    assert v.cause == "inconclusive" and "weak control" in v.evidence[-1], v.evidence
+    broken = with_offline(arm("ctl", "control", 0.02, k=3), 0.30)  # far under its own offline acceptance
+    assert decide([BASE, arm("cand", "candidate", 0.02), broken], {}).cause == "integration"

@@ -1,0 +1,106 @@
+"""The speedup model: what acceptance buys and what drafting costs, per arm, and the k that pays best.
+
+A verification step with k drafts emits E_k = 1 + a_0 + ... + a_(k-1) tokens on average, a_i being the share of
+drafts whose first i+1 tokens were all accepted (vLLM's per-position counters over num_drafts; this does not
+depend on k). One step costs c baseline steps: c = TPOT_spec * E_k / TPOT_baseline, from the same measured window.
+Split c = 1 + k*d (verifying k+1 tokens costs about one baseline step on a GPU; d is the drafting cost per draft
+token, the rest of the step): the predicted speedup at k' <= k is E_k' / (1 + k'*d). A k_sweep arm measures
+other k directly. At k the model's prediction is the TPOT ratio; the measured speedup (tok/s, TTFT included) sits
+beside it, so a gap between them is visible.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from infra.stats import mean_interval
+from tasks.record import ArmResult
+
+
+@dataclass
+class SpeedModel:
+    arm: str
+    k: int
+    tokens_per_step: float  # E_k
+    step_cost: float  # c, in baseline steps
+    draft_cost: float  # d, baseline steps per draft token
+    predicted: dict[int, float] = field(default_factory=dict)  # k' -> predicted speedup
+    measured: tuple[float, float, float] | None = None  # mean, lo, hi of the tok/s ratio
+
+    @property
+    def best_k(self) -> int | None:
+        """The k with the best predicted speedup, or None when none of them beats the baseline."""
+        k, s = max(self.predicted.items(), key=lambda kv: kv[1])
+        return k if s > 1.0 else None
+
+    def metrics(self) -> dict[str, float]:
+        out = {"tokens_per_step": self.tokens_per_step, "step_cost": self.step_cost, "draft_cost": self.draft_cost,
+               "best_k": float(self.best_k or 0)}
+        return out | {f"predicted_speedup_k{k}": s for k, s in self.predicted.items()}
+
+    def line(self) -> str:
+        best = f"best k {self.best_k} ({self.predicted[self.best_k]:.2f}x)" if self.best_k else \
+            f"no k up to {self.k} pays off (best {max(self.predicted.values()):.2f}x)"
+        meas = f"; measured {self.measured[0]:.2f}x [{self.measured[1]:.2f}-{self.measured[2]:.2f}]" \
+            if self.measured else ""
+        return (f"{self.arm}: {self.tokens_per_step:.2f} tokens per step at k={self.k}, each step costing "
+                f"{self.step_cost:.2f} baseline steps ({self.draft_cost:.2f} per draft token): predicted "
+                f"{self.predicted[self.k]:.2f}x{meas}; {best}")
+
+
+def speedup_interval(r: ArmResult, base: ArmResult) -> tuple[float, float, float] | None:
+    """The tok/s ratio to the baseline with its 95% interval, paired by prompt: every arm serves the same prompts in
+    the same order, so request i of one arm and of the baseline share a prompt and its length; the t-interval of
+    the log ratios leaves the prompts' spread out (the geometric mean ratio and its bounds)."""
+    n = min(len(r.request_tok_s), len(base.request_tok_s))
+    if n < 2:  # one request has no spread to make an interval from
+        return None
+    logs = np.log(np.asarray(r.request_tok_s[:n], dtype=float) / np.asarray(base.request_tok_s[:n], dtype=float))
+    mean, lo, hi = mean_interval(list(logs))
+    return float(np.exp(mean)), float(np.exp(lo)), float(np.exp(hi))
+
+
+def model(r: ArmResult, base: ArmResult, k: int) -> SpeedModel | None:
+    m, b = r.metrics, base.metrics
+    a = [m.get(f"acceptance_rate_pos_{i}") for i in range(k)]
+    if None in a or not m.get("tpot_ms_p50") or not b.get("tpot_ms_p50"):
+        return None
+    e = 1 + sum(a)
+    c = m["tpot_ms_p50"] * e / b["tpot_ms_p50"]
+    d = max(0.0, (c - 1) / k)
+    predicted = {j: (1 + sum(a[:j])) / (1 + j * d) for j in range(1, k + 1)}
+    return SpeedModel(r.arm, k, e, c, d, predicted, speedup_interval(r, base))
+
+
+def speed_models(results: list[ArmResult]) -> dict[str, SpeedModel]:
+    """arm -> its model, for every drafter arm that ran next to a baseline."""
+    base = next((r for r in results if r.role == "baseline" and r.ok), None)
+    out = {}
+    for r in results:
+        if base and r.ok and r is not base and r.k:
+            sm = model(r, base, r.k)
+            if sm:
+                out[r.arm] = sm
+    return out
+
+
+def k_sweep(results: list[ArmResult]) -> tuple[str | None, int | None]:
+    """The candidate and its k_sweep probe arms side by side: predicted vs measured speedup per k, and the k with
+    the best measured speedup (None when no k_sweep arm ran)."""
+    cand = next((r for r in results if r.role == "candidate" and r.ok), None)
+    sweep = [r for r in results if r.probe == "k_sweep" and r.ok]
+    models = speed_models(results)
+    if cand is None or not sweep or cand.arm not in models:
+        return None, None
+    rows = []
+    for r in sorted([cand, *sweep], key=lambda r: r.k):
+        own = models.get(r.arm)
+        predicted = models[cand.arm].predicted.get(r.k) or (own.predicted[r.k] if own else None)
+        if own and own.measured:
+            rows.append((r.k, predicted, own.measured))
+    if not rows:
+        return None, None
+    best = max(rows, key=lambda row: row[2][0])
+    cells = [f"k={k}: predicted {p:.2f}x, measured {m[0]:.2f}x [{m[1]:.2f}-{m[2]:.2f}]" for k, p, m in rows]
+    return f"k_sweep: {'; '.join(cells)}; best measured k={best[0]}", best[0]

@@ -1,0 +1,67 @@
+"""The speedup model and the draft_overhead rule: acceptance is not the whole answer."""
+import pytest
+
+from tasks.record import ArmResult
+from tasks.speedup import model
+from tasks.verdict import decide
+
+
+def arm(name, role, pos=(), tpot=10.0, tok_s=(), drafts=300, k=4):
+    m = {"output_tokens": 500.0, "tpot_ms_p50": tpot}
+    if pos:
+        m.update({f"acceptance_rate_pos_{i}": a for i, a in enumerate(pos)}, num_drafts=float(drafts),
+                 num_draft_tokens=float(drafts * k), acceptance_rate=sum(pos) / k)
+    return ArmResult(name, role, f"run-{name}", True, "", m, list(tok_s), method="draft_model" if pos else "",
+                     k=k if pos else 0)
+
+
+BASE = arm("baseline", "baseline", tpot=10.0, tok_s=[30, 31, 29, 30, 30])
+
+
+@pytest.mark.parametrize("pos, tpot, best, predicted_at_k", [
+    ((0.9, 0.8, 0.7, 0.6), 25.0, None, 0.4),  # 4 tokens per step, each step 10 baseline steps: no k pays
+    ((0.9, 0.8, 0.7, 0.6), 4.0, 4, 2.5),  # cheap drafts: the deepest k pays most
+    ((0.8, 0.3, 0.1, 0.05), 20 / 2.25, 1, 1.125),  # acceptance falls fast: one draft token is the best buy
+])
+def test_tokens_per_step_and_step_cost_predict_the_speedup_at_every_k(pos, tpot, best, predicted_at_k):
+    sm = model(arm("cand", "candidate", pos, tpot=tpot), BASE, 4)
+    assert sm.tokens_per_step == pytest.approx(1 + sum(pos))
+    assert sm.predicted[4] == pytest.approx(predicted_at_k)  # at the served k: the TPOT ratio
+    assert sm.best_k == best
+    assert sm.step_cost == pytest.approx(tpot * (1 + sum(pos)) / 10.0)
+
+
+def test_a_well_accepted_drafter_that_slows_serving_is_draft_overhead():
+    """The target as its own draft model: every draft accepted, 0.4x the baseline's tok/s (the demo's smol-self)."""
+    slow = arm("cand", "candidate", (1.0, 1.0, 1.0, 1.0), tpot=12.5, tok_s=[12, 12.5, 11.5, 12, 12])
+    v = decide([BASE, slow], {})
+    assert v.cause == "draft_overhead", v.evidence
+    assert any("5.00 tokens per step" in e and "no k up to 4 pays off" in e for e in v.evidence)
+    assert "no k pays off" in v.next_step
+
+
+def test_a_shorter_k_that_pays_is_named():
+    slow = arm("cand", "candidate", (0.95, 0.9, 0.6, 0.5), tpot=10.0, tok_s=[25, 26, 24, 25, 25])
+    v = decide([BASE, slow], {})
+    assert v.cause == "draft_overhead" and "k=2" in v.next_step, (v.evidence, v.next_step)
+
+
+def test_a_speedup_interval_that_reaches_1_is_not_called_overhead():
+    """Thin throughput evidence (two noisy requests) does not overturn healthy acceptance."""
+    noisy = arm("cand", "candidate", (1.0, 1.0, 1.0, 1.0), tpot=12.5, tok_s=[12, 40])
+    assert decide([BASE, noisy], {}).cause == "healthy"
+
+
+def test_k_sweep_prints_predicted_and_measured_per_k_and_picks_the_best_measured():
+    from tasks.speedup import k_sweep
+
+    pos = (0.95, 0.9, 0.6, 0.5)
+    cand = arm("cand", "candidate", pos, tpot=10.0, tok_s=[25, 26, 24, 25, 25])  # k=4: 0.83x
+    k2 = arm("cand@k=2", "probe", pos[:2], tpot=8.0, tok_s=[36, 37, 35, 36, 36], k=2)  # 1.2x
+    k1 = arm("cand@k=1", "probe", pos[:1], tpot=7.5, tok_s=[33, 34, 32, 33, 33], k=1)
+    for p in (k1, k2):
+        p.probe = "k_sweep"
+    line, best = k_sweep([BASE, cand, k1, k2])
+    assert best == 2 and line.count("predicted") == 3 and "k=2: predicted 1.15x, measured 1.20x" in line
+    v = decide([BASE, cand, k1, k2], {})
+    assert v.cause == "draft_overhead" and "k=2 (the best measured" in v.next_step
