@@ -5,6 +5,7 @@ Everything is built once on first use, under SPECDIAG_CACHE (default ~/.cache/sp
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -126,7 +127,8 @@ def _install_fault_plugin(python: Path) -> None:
 
 
 def _built_once(name: str, marker: str, build) -> Path:
-    """cache/models/<name>, made once: build(tmp) fills a .partial folder, renamed when complete, under a lock."""
+    """cache/models/<name>, made once: build(tmp) fills a .partial folder, renamed when complete, under a lock. A
+    marker starting with "." is a stamp of what it was built from: a copy without it (stale) is built again."""
     out = cache_dir() / "models" / name
     if (out / marker).exists():
         return out
@@ -135,8 +137,17 @@ def _built_once(name: str, marker: str, build) -> Path:
             tmp = out.with_name(name + ".partial")
             shutil.rmtree(tmp, ignore_errors=True)
             build(tmp)
+            if marker.startswith("."):
+                (tmp / marker).write_text("")
+            shutil.rmtree(out, ignore_errors=True)
             tmp.rename(out)
     return out
+
+
+def _stamp(folder: Path) -> str:
+    """Which version of a shipped fixture a cached copy (or anything derived from it) was built from."""
+    digest = hashlib.sha256((folder / "config.json").read_bytes() + (folder / "specdiag.json").read_bytes())
+    return f".from-{digest.hexdigest()[:12]}"
 
 
 def target_model() -> Path:
@@ -190,19 +201,23 @@ def _add_noise(tensors: dict, gen) -> dict:
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def eagle3_drafter() -> Path:
+def eagle3_drafter(name: str = "smol-eagle3") -> Path:
     """An EAGLE-3 head for SmolLM2 that actually predicts, trained by train_eagle3.py on the target's own answers.
 
-    Shipped as a 15 MB fixture (infra/fixtures/smol-eagle3; its specdiag.json says how it was trained); without
-    the fixture it is trained here, once (~15 min on 2 cores)."""
+    Shipped as fixtures (infra/fixtures/<name>; each specdiag.json says how it was trained): smol-eagle3, trained on
+    an H200 (train_on_gpu.sh), and smol-eagle3-weak, the earlier CPU-trained head (a mediocre control is a case to
+    test). Without the fixture, smol-eagle3 is trained here, once (~15 min on 2 cores, a weaker head)."""
+    fixture = FIXTURES / name
+
     def build(tmp: Path) -> None:
-        if (FIXTURES / "smol-eagle3" / "model.safetensors").exists():
-            shutil.copytree(FIXTURES / "smol-eagle3", tmp)
+        if (fixture / "model.safetensors").exists():
+            shutil.copytree(fixture, tmp)
             return
         _step([engine_python(), str(ENGINE_SIDE / "train_eagle3.py"), str(target_model()), str(tmp)],
               "training the demo EAGLE-3 drafter for SmolLM2 (greedy data, hidden states, training: "
               "~15 min on 2 cores, once)", env={"HF_HUB_OFFLINE": "1"})
-    return _built_once("smol-eagle3", "model.safetensors", build)
+    stamp = _stamp(fixture) if (fixture / "specdiag.json").exists() else "model.safetensors"
+    return _built_once(name, stamp, build)
 
 
 def _eagle3_variant(name: str, fault: str) -> Path:
@@ -227,7 +242,8 @@ def _eagle3_variant(name: str, fault: str) -> Path:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         (tmp / "specdiag.json").write_text(json.dumps({"derived_from": str(src), "fault": fault}))
-    return _built_once(name, "model.safetensors", build)
+    fixture = FIXTURES / "smol-eagle3"
+    return _built_once(name, _stamp(fixture) if (fixture / "specdiag.json").exists() else "model.safetensors", build)
 
 
 BUILDERS = {
@@ -236,6 +252,7 @@ BUILDERS = {
     "smol-permuted": lambda: _derived_drafter("smol-permuted", _permute_vocab),
     "smol-noisy": lambda: _derived_drafter("smol-noisy", _add_noise),
     "smol-eagle3": eagle3_drafter,
+    "smol-eagle3-weak": lambda: eagle3_drafter("smol-eagle3-weak"),
     "smol-eagle3-scrambled": lambda: _eagle3_variant("smol-eagle3-scrambled", "scrambled_d2t"),
     "smol-eagle3-nod2t": lambda: _eagle3_variant("smol-eagle3-nod2t", "no_d2t"),
     "smol-eagle3-wrongaux": lambda: _eagle3_variant("smol-eagle3-wrongaux", "wrong_aux"),

@@ -137,27 +137,29 @@ def _offline_variant(cand: ArmResult, offline: OfflineResult, kind: str) -> tupl
     return max(found, key=lambda f: f[0]) if found else None
 
 
+# One thing changed offline, in the order tried: (what the variant changes, the cause it names, the evidence, the
+# next step). {aux} / {name}: the variant's layer ids and name.
+INTERVENTIONS = [
+    ("d2t", "vocab_mismatch", "with the control's d2t instead of its own: its vocabulary mapping is wrong (confirmed "
+     "by the intervention, offline)", "regenerate the candidate's d2t/t2d from the data it was trained on, or reuse "
+     "the control's"),
+    ("aux", "aux_layers", "when fed target layers {aux} ({name}) instead of the ones the engine feeds it: the head "
+     "was trained on other layers than it is served", "set eagle_aux_hidden_state_layer_ids to {aux} in the head's "
+     "config.json (the layers it was trained on)"),
+]
+
+
 def _offline_intervention(cand: ArmResult, offline: OfflineResult, evidence: list[str]) -> Verdict | None:
-    """One thing changed offline (the layers fed, the mapping) makes the head accept far more: that thing is the
+    """One thing changed offline (the mapping, the layers fed) makes the head accept far more: that thing is the
     cause, confirmed by the intervention without a server."""
-    mapped = _offline_variant(cand, offline, "d2t")
-    if mapped:
-        rate, _, _, v = mapped
-        lo, hi = offline_interval(v)
-        return Verdict("vocab_mismatch", evidence + [
-            f"{cand.arm}: offline acceptance {rate:.3f} [95% CI {lo:.3f}-{hi:.3f}] with the control's d2t instead of "
-            f"its own: its vocabulary mapping is wrong (confirmed by the intervention, offline)"],
-            "regenerate the candidate's d2t/t2d from the data it was trained on, or reuse the control's")
-    layered = _offline_variant(cand, offline, "aux")
-    if layered:
-        rate, name, change, v = layered
-        lo, hi = offline_interval(v)
-        return Verdict("aux_layers", evidence + [
-            f"{cand.arm}: offline acceptance {rate:.3f} [95% CI {lo:.3f}-{hi:.3f}] when fed target layers "
-            f"{change['aux']} ({name}) instead of the ones the engine feeds it: the head was trained on other layers "
-            f"than it is served"],
-            f"set eagle_aux_hidden_state_layer_ids to {change['aux']} in the head's config.json (the layers it was "
-            f"trained on)")
+    for kind, cause, why, fix in INTERVENTIONS:
+        found = _offline_variant(cand, offline, kind)
+        if found:
+            rate, name, change, v = found
+            lo, hi = offline_interval(v)
+            fill = {"aux": change.get("aux"), "name": name}
+            return Verdict(cause, evidence + [f"{cand.arm}: offline acceptance {rate:.3f} [95% CI {lo:.3f}-{hi:.3f}] "
+                                              f"{why.format(**fill)}"], fix.format(**fill))
     return None
 
 
@@ -230,16 +232,17 @@ def _decide(results: list[ArmResult], findings: dict[str, list[Finding]], offlin
         return Verdict("inconclusive", evidence + [f"fewer than {MIN_DRAFTS} drafts: the interval is too wide"],
                        f"rerun with more prompts or tokens (--prompts, --max-tokens)")
     evidence += [f"static check: {f.line()}" for f in vocab_errors]
-    if hi < NEAR_ZERO and vocab_errors:
-        return Verdict("vocab_mismatch", evidence + [
-            "near-zero acceptance together with a vocabulary-mapping fault found in the checkpoint"],
-            "regenerate or restore the drafter's vocabulary mapping (d2t/t2d, embedding rows)")
     off = offline_interval(m)
-    if off:
+    if off:  # one thing changed offline that restores acceptance names it, static findings or not
         evidence.append(_fmt_offline(cand.arm, m))
         changed = _offline_intervention(cand, offline, evidence)
         if changed:
             return changed
+    if hi < NEAR_ZERO and vocab_errors:
+        return Verdict("vocab_mismatch", evidence + [
+            "near-zero acceptance together with a vocabulary-mapping fault found in the checkpoint"],
+            "regenerate or restore the drafter's vocabulary mapping (d2t/t2d, embedding rows)")
+    if off:
         if off[0] >= NEAR_ZERO and hi < INTEGRATION_RATIO * off[0]:
             return Verdict("integration", evidence + [
                 f"served acceptance (upper {hi:.3f}) is far below what the same checkpoint reaches offline on the "

@@ -33,8 +33,8 @@ def greedy(model, tok, prompts: list[list[int]], max_new: int, batch: int = 32) 
     for i in range(0, len(prompts), batch):
         chunk = prompts[i:i + batch]
         width = max(len(p) for p in chunk)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=model.device)
         gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
                              pad_token_id=pad)
         for p, row in zip(chunk, gen[:, width:].tolist()):
@@ -47,5 +47,5 @@ def greedy(model, tok, prompts: list[list[int]], max_new: int, batch: int = 32) 
 @torch.inference_mode()
 def aux_states(model, ids: list[int], layers: list[int]) -> torch.Tensor:
     """[len(ids), len(layers) * H]: the inputs of the given layers at every position, concatenated."""
-    hs = model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
-    return torch.cat([hs[k][0] for k in sorted(set(layers))], -1)
+    hs = model(input_ids=torch.tensor([ids], device=model.device), output_hidden_states=True).hidden_states
+    return torch.cat([hs[k][0] for k in sorted(set(layers))], -1).cpu()

@@ -55,8 +55,12 @@ def log(msg: str) -> None:
     print(f"[train-eagle3] {msg}", flush=True)
 
 
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # a GPU when there is one (the H200)
+
+
 def build_data(target: str, n_prompts: int, max_new: int):
     model, tok = load_target(target)
+    model.to(DEVICE)
     prompts = [t.format(s) for s, t in itertools.product(SUBJECTS, TEMPLATES)]
     random.Random(0).shuffle(prompts)
     encoded = [encode(tok, p, chat=True) for p in prompts[:n_prompts]]
@@ -67,10 +71,10 @@ def build_data(target: str, n_prompts: int, max_new: int):
     for prompt, gen in pairs:
         ids = prompt + gen
         with torch.inference_mode():
-            out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+            out = model(input_ids=torch.tensor([ids], device=DEVICE), output_hidden_states=True)
         aux = torch.cat([out.hidden_states[k][0] for k in LAYERS], -1)
         labels = out.logits[0].argmax(-1)  # the target's next token at every position
-        data.append((torch.tensor(ids), aux.to(torch.bfloat16), labels))
+        data.append((torch.tensor(ids, device=DEVICE), aux.to(torch.bfloat16), labels))
     embed = model.get_input_embeddings().weight.detach().clone()
     return model, data, embed
 
@@ -78,7 +82,7 @@ def build_data(target: str, n_prompts: int, max_new: int):
 def draft_vocab(data, size: int, vocab: int) -> torch.Tensor:
     counts = torch.zeros(vocab, dtype=torch.long)
     for _, _, labels in data:
-        counts += torch.bincount(labels, minlength=vocab)
+        counts += torch.bincount(labels.cpu(), minlength=vocab)
     return torch.sort(torch.topk(counts, size).indices).values
 
 
@@ -92,12 +96,13 @@ def init_drafter(model, embed, ids_kept: torch.Tensor) -> Eagle3:
                 "eagle_aux_hidden_state_layer_ids": LAYERS, "tie_word_embeddings": False,
                 "rope_parameters": tcfg.get("rope_parameters") or {"rope_theta": tcfg.get("rope_theta", 10000.0),
                                                                    "rope_type": "default"}})
-    d = Eagle3(cfg, embed.float())
+    d = Eagle3(cfg, embed.float()).to(DEVICE)
+    ids_kept = ids_kept.to(DEVICE)
     h = cfg["hidden_size"]
     last = model.model.layers[-1]
     with torch.no_grad():  # start from the target's last layer reading the deepest aux state
         d.fc.weight.zero_()
-        d.fc.weight[:, 2 * h:] = torch.eye(h)
+        d.fc.weight[:, 2 * h:] = torch.eye(h, device=DEVICE)
         for name in ("q_proj", "k_proj", "v_proj"):
             w = getattr(last.self_attn, name).weight
             getattr(d.midlayer.self_attn, name).weight.copy_(torch.cat([0.1 * w, w], 1))
@@ -109,7 +114,7 @@ def init_drafter(model, embed, ids_kept: torch.Tensor) -> Eagle3:
         d.midlayer.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight)
         d.norm.weight.copy_(model.model.norm.weight)
         d.lm_head.weight.copy_(embed[ids_kept])
-        d.d2t.copy_(ids_kept - torch.arange(len(ids_kept)))
+        d.d2t.copy_(ids_kept - torch.arange(len(ids_kept), device=DEVICE))
         d.t2d.zero_()
         d.t2d[ids_kept] = True
     return d
@@ -126,18 +131,23 @@ def step_losses(d: Eagle3, ids, aux, labels, t2d_index):
     return out
 
 
-def train(d: Eagle3, data, epochs: int, vocab: int):
-    t2d_index = torch.full((vocab,), -1, dtype=torch.long)
+def train(d: Eagle3, data, epochs: int, vocab: int, deadline: float = float("inf")):
+    """deadline: time.monotonic() after which no new epoch starts (a machine lent for a few minutes)."""
+    t2d_index = torch.full((vocab,), -1, dtype=torch.long, device=DEVICE)
     kept = torch.nonzero(d.t2d).squeeze(1)
-    t2d_index[kept] = torch.arange(len(kept))
+    t2d_index[kept] = torch.arange(len(kept), device=DEVICE)
     val, tr = data[: max(4, len(data) // 10)], data[max(4, len(data) // 10):]
     params = [p for p in d.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
     total = epochs * len(tr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 50) * max(0.05, 1 - i / total))
     rng = random.Random(0)
+    acc = []
     for epoch in range(epochs):
         start = time.monotonic()
+        if start > deadline:
+            log(f"deadline: stopping after {epoch} epochs")
+            break
         rng.shuffle(tr)
         d.train()
         for ids, aux, labels in tr:
@@ -168,7 +178,8 @@ def save(d: Eagle3, out: Path, stats: dict) -> None:
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    sd = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous() for k, v in d.state_dict().items()}
+    sd = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).cpu().contiguous()
+          for k, v in d.state_dict().items()}
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(d.cfg, indent=2))
     (out / "specdiag.json").write_text(json.dumps(stats, indent=2))
@@ -182,6 +193,7 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=96)
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--draft-vocab", type=int, default=4096)
+    ap.add_argument("--deadline-s", type=float, default=float("inf"), help="start no epoch after this many seconds")
     ap.add_argument("--keep-data", action="store_true", help="keep OUT/data.pt to retrain without regenerating")
     ap.add_argument("--extra-data", type=Path, action="append", default=[],
                     help="a data.pt kept from an earlier run (--keep-data) to train on as well")
@@ -191,18 +203,20 @@ def main() -> None:
     cache = args.out / "data.pt"
     if cache.exists():
         model, _ = load_target(args.target)
-        data, embed = torch.load(cache)
+        model.to(DEVICE)
+        data, embed = torch.load(cache, map_location=DEVICE)
     else:
         model, data, embed = build_data(args.target, args.prompts, args.max_new)
         args.out.mkdir(parents=True, exist_ok=True)
         torch.save((data, embed), cache)
     for extra in args.extra_data:
-        data = data + torch.load(extra)[0]
+        data = data + torch.load(extra, map_location=DEVICE)[0]
     log(f"data: {len(data)} sequences, {sum(len(i) for i, _, _ in data)} positions")
     kept = draft_vocab(data, args.draft_vocab, embed.shape[0])
     d = init_drafter(model, embed, kept)
-    acc = train(d, data, args.epochs, embed.shape[0])
+    acc = train(d, data, args.epochs, embed.shape[0], start + args.deadline_s)
     save(d, args.out, {"val_accuracy_per_step": acc, "sequences": len(data), "epochs": args.epochs,
+                       "device": torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu",
                        "positions": sum(len(i) for i, _, _ in data), "argv": sys.argv[1:],
                        "build_s": round(time.monotonic() - start)})
     if not args.keep_data:

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.e2e
 def test_faulty_engine_patch_is_named_integration(cli, no_servers_left):
     """Run as a user would, with the CLI's defaults (local host, default host.workdir): the offline evaluation must
     run and its numbers must reach the verdict (it failed on every local run before: SameFileError)."""
-    done = cli("--drafter", "smol-eagle3-badpatch", "--control", "smol-eagle3",
+    done = cli("--drafter", "smol-eagle3-badpatch", "--control", "smol-eagle3", "--arms", "smol-eagle3-scrambled",
                "--prompt-set", "topics",  # traffic like the head's training data, held out of it
                "--prompts", "8", "--max-tokens", "48")  # enough drafts to separate served from offline
     assert done.returncode == 0, done.output[-3000:]
@@ -21,9 +21,12 @@ def test_faulty_engine_patch_is_named_integration(cli, no_servers_left):
     assert done.parent.data.tags["specdiag.offline_eval"] == "ok"
     assert "offline evaluation FAILED" not in done.output
 
-    # The trained head predicts when the engine feeds it right, and served matches its offline reference forward.
-    assert good.metrics["acceptance_rate_pos_0"] >= 0.3
-    assert abs(good.metrics["acceptance_rate"] - good.metrics["offline_acceptance_rate"]) < 0.1
+    # The trained head predicts when the engine feeds it right, and served stays near its offline reference forward:
+    # vLLM serves target and head in bf16, the reference runs fp32, which costs some acceptance (measured: 0.58
+    # served vs 0.85 offline on topics; the target alone in bf16 brings offline to 0.83/0.70/0.60 per position),
+    # far from the integration rule's 0.5x.
+    assert good.metrics["acceptance_rate_pos_0"] >= 0.5
+    assert good.metrics["acceptance_rate"] > 0.6 * good.metrics["offline_acceptance_rate"]
     # Same checkpoint, same offline numbers; served collapses only behind the faulty patch.
     assert bad.metrics["offline_acceptance_rate"] == good.metrics["offline_acceptance_rate"]
     assert bad.metrics["acceptance_rate"] < 0.5 * bad.metrics["offline_acceptance_rate"]
@@ -31,6 +34,12 @@ def test_faulty_engine_patch_is_named_integration(cli, no_servers_left):
 
     assert done.parent.data.tags["specdiag.verdict"] == "integration"
     verdict = done.artifact_text(done.parent, "verdict.md")
+    # An extra arm gets its own cause against the same control: the scrambled d2t, confirmed by the intervention
+    # (the same head with the control's d2t, offline, accepts far more).
+    scrambled = done.arms["smol-eagle3-scrambled"].data
+    assert scrambled.tags["specdiag.arm_verdict"] == "vocab_mismatch"
+    assert scrambled.metrics["offline_acceptance_rate_aux_control_mapping"] > 2 * scrambled.metrics["offline_acceptance_rate"]
+    assert "smol-eagle3-scrambled on its own: `vocab_mismatch`" in verdict and "control's d2t" in verdict
     assert "smol-eagle3-badpatch: offline acceptance" in verdict and "# Verdict: `integration`" in done.output
     log = done.artifact_text(done.arms["smol-eagle3-badpatch"], "smol-eagle3-badpatch.server.log")
     assert "Using auxiliary layers from speculative config: (2, 15, 27)" in log  # what the engine claims

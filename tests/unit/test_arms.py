@@ -79,3 +79,21 @@ def test_kimi_server_command_is_the_seed_command(tmp_path):
     assert [(a.name, a.role) for a in plan_arms(p)[1:3]] == [("custom", "candidate"), ("aqmedai", "control")]
     baseline = plan_server(p, plan_arms(p)[0], tmp_path)
     assert "--speculative-config" not in baseline.argv and baseline.params["spec_method"] == "none"
+
+
+def test_a_cached_model_built_from_an_older_fixture_is_built_again(tmp_path, monkeypatch):
+    """Cached copies carry a stamp of the fixture they came from: retraining the shipped head reaches every user."""
+    from infra import embedded
+
+    monkeypatch.setenv("SPECDIAG_CACHE", str(tmp_path))
+    builds = []
+
+    def build(tmp):
+        tmp.mkdir(parents=True)
+        (tmp / "model.safetensors").write_text(str(len(builds)))
+        builds.append(tmp)
+
+    first = embedded._built_once("head", ".from-aaa", build)
+    assert embedded._built_once("head", ".from-aaa", build) == first and len(builds) == 1
+    again = embedded._built_once("head", ".from-bbb", build)  # the fixture changed
+    assert len(builds) == 2 and (again / ".from-bbb").exists() and not (again / ".from-aaa").exists()

@@ -1,0 +1,18 @@
+"""A control counts as known-good only on evidence (issue 18): the earlier, CPU-trained demo head is a weak control
+(about 0.3 at position 0 on the chat prompts, offline and served alike). Beside it, a candidate with a wrong but
+self-consistent mapping is not `integration`, and the good head (an extra arm, judged against the same control) is
+not `integration` either."""
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_weak_control_never_turns_a_low_candidate_into_integration(cli, no_servers_left):
+    done = cli("--drafter", "smol-eagle3-scrambled", "--control", "smol-eagle3-weak", "--arms", "smol-eagle3")
+    assert done.returncode == 0, done.output[-3000:]
+    weak = done.arms["smol-eagle3-weak"].data
+    assert weak.metrics["acceptance_rate"] < 0.3 and "offline_acceptance_rate" in weak.metrics  # weak, measured
+    assert done.parent.data.tags["specdiag.verdict"] == "vocab_mismatch"
+    good = done.arms["smol-eagle3"].data
+    assert good.tags["specdiag.arm_verdict"] != "integration"  # healthy, or inconclusive over few drafts
+    assert good.metrics["offline_acceptance_rate"] > weak.metrics["offline_acceptance_rate"]
