@@ -145,7 +145,10 @@ def _built_once(name: str, marker: str, build) -> Path:
 
 
 def _stamp(folder: Path) -> str:
-    """Which version of a shipped fixture a cached copy (or anything derived from it) was built from."""
+    """The marker of a cached copy of a shipped fixture (or of anything derived from it): which version it was built
+    from. Without the fixture (trained here instead), the weights file is the marker."""
+    if not (folder / "specdiag.json").exists():
+        return "model.safetensors"
     digest = hashlib.sha256((folder / "config.json").read_bytes() + (folder / "specdiag.json").read_bytes())
     return f".from-{digest.hexdigest()[:12]}"
 
@@ -216,8 +219,7 @@ def eagle3_drafter(name: str = "smol-eagle3") -> Path:
         _step([engine_python(), str(ENGINE_SIDE / "train_eagle3.py"), str(target_model()), str(tmp)],
               "training the demo EAGLE-3 drafter for SmolLM2 (greedy data, hidden states, training: "
               "~15 min on 2 cores, once)", env={"HF_HUB_OFFLINE": "1"})
-    stamp = _stamp(fixture) if (fixture / "specdiag.json").exists() else "model.safetensors"
-    return _built_once(name, stamp, build)
+    return _built_once(name, _stamp(fixture), build)
 
 
 def _eagle3_variant(name: str, fault: str) -> Path:
@@ -242,8 +244,7 @@ def _eagle3_variant(name: str, fault: str) -> Path:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         (tmp / "specdiag.json").write_text(json.dumps({"derived_from": str(src), "fault": fault}))
-    fixture = FIXTURES / "smol-eagle3"
-    return _built_once(name, _stamp(fixture) if (fixture / "specdiag.json").exists() else "model.safetensors", build)
+    return _built_once(name, _stamp(FIXTURES / "smol-eagle3"), build)
 
 
 BUILDERS = {

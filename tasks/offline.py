@@ -71,13 +71,13 @@ def variants(d, target, control=None) -> dict[str, dict]:
     return out
 
 
-def describe(fs, arm: Arm, target, control=None) -> dict:
-    """One drafter of the job, from its normalised description: the engine's config, aux ids and tensor places,
-    and the aux layer sets to try it with (control: the control's DrafterSpec, if it is an EAGLE-3 head)."""
+def describe(arm: Arm, d, target, control=None) -> dict:
+    """One drafter of the job, from its normalised description d (a DrafterSpec; None for a draft model): the
+    engine's config, aux ids and tensor places, and the variants to try it with (control: the control's DrafterSpec,
+    if it is an EAGLE-3 head)."""
     spec = {"arm": arm.name, "method": arm.spec.method, "path": arm.spec.model, "k": arm.spec.num_speculative_tokens}
-    if arm.spec.method != "eagle3":
+    if d is None:
         return spec
-    d = read_drafter(fs, arm.spec.model, "eagle3")
     config = {**d.config, "eagle_aux_hidden_state_layer_ids": d.engine_aux_ids(target.num_layers),
               "target_hidden_size": d.target_hidden_size, "draft_vocab_size": d.draft_vocab_size,
               "vocab_size": d.vocab_size or target.vocab_size}
@@ -103,9 +103,10 @@ def build_job(cfg: Profile, fs, chosen: list[Arm], target_path: str, prompts: li
            "target_embed": asdict(embed) if embed else None,
            "hidden_states": cfg.offline.hidden_states, "loss_masks": cfg.offline.loss_masks,
            "drafters": []}
-    ctrl = next((a for a in chosen if a.role == "control" and a.spec.method == "eagle3"), None)
-    control = read_drafter(fs, ctrl.spec.model, "eagle3") if ctrl else None
-    job["drafters"] = [describe(fs, a, target, control if a is not ctrl else None) for a in chosen]
+    specs = {a.name: read_drafter(fs, a.spec.model, "eagle3") for a in chosen if a.spec.method == "eagle3"}
+    ctrl = next((a.name for a in chosen if a.role == "control" and a.name in specs), None)
+    job["drafters"] = [describe(a, specs.get(a.name), target, specs[ctrl] if ctrl and a.name != ctrl else None)
+                       for a in chosen]
     return job, skip_reason(cfg, target)
 
 

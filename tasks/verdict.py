@@ -189,7 +189,7 @@ def _draft_overhead(v: Verdict, results: list[ArmResult]) -> Verdict:
     sm = speed_models(results).get(cand.arm) if cand else None
     if v.cause != "healthy" or not sm or not sm.measured or sm.measured[2] >= 1.0:
         return v
-    swept, best_measured = k_sweep(results)
+    _, best_measured = k_sweep(results)
     if best_measured is not None and best_measured != sm.k:
         pays = f"serve it with k={best_measured} (the best measured in the k_sweep)"
     elif sm.best_k and sm.best_k != sm.k:
@@ -316,7 +316,7 @@ def arm_verdicts(results: list[ArmResult], findings: dict[str, list[Finding]],
     for r in results:
         if r.role not in ("control", "extra"):
             continue
-        ref = [replace(ctrl)] if ctrl is not None and r is not ctrl else []
+        ref = [ctrl] if ctrl is not None and r is not ctrl else []
         out[r.arm] = decide(base + [replace(r, role="candidate")] + ref, findings, offline)
     return out
 

@@ -15,9 +15,6 @@ attention; this file is small, CPU-friendly and used for both training the demo 
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -157,15 +154,6 @@ class Eagle3(nn.Module):
 
     def to_target(self, draft_ids):
         return draft_ids + self.d2t[draft_ids]
-
-
-def load(path: str | Path, embed: torch.Tensor, dtype=torch.float32) -> Eagle3:
-    """A head saved as this project saves one (config.json, model.safetensors, midlayer.* names)."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    cfg = json.loads((path / "config.json").read_text())
-    return build(cfg, load_file(str(path / "model.safetensors")), embed, str(path), dtype)
 
 
 def build(cfg: dict, tensors: dict[str, torch.Tensor], embed: torch.Tensor | None, where: str,

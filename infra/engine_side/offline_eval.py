@@ -86,15 +86,18 @@ def read_ref(ref: dict) -> torch.Tensor:
 
 
 def head(spec: dict, embed_ref: dict | None):
-    """The EAGLE-3 head from the job's description (any format), or from its folder as this project saves it."""
-    if not spec.get("tensors"):
-        return eagle3_ref.load(spec["path"], read_ref(embed_ref).float() if embed_ref else None)
+    """The EAGLE-3 head from the job's description (any format the orchestrator reads)."""
     if "kv_lora_rank" in spec["config"]:
         raise SystemExit(f"{spec['arm']}: an MLA head ({spec['config'].get('model_type')}); the offline reference "
                          f"models Llama-layer EAGLE-3 heads only: judge it by the served control instead")
     tensors = {k: read_ref(r) for k, r in spec["tensors"].items()}
     embed = read_ref(embed_ref).float() if embed_ref and "embed_tokens.weight" not in tensors else None
     return eagle3_ref.build(spec["config"], tensors, embed, spec["path"])
+
+
+def columns(layers: list[int], ids, h: int) -> torch.Tensor:
+    """The columns of the aux states computed for `layers` (h wide each) that hold the given layer ids, sorted."""
+    return torch.cat([torch.arange(layers.index(i) * h, (layers.index(i) + 1) * h) for i in sorted(set(ids))])
 
 
 def slots_of(mask: torch.Tensor, k: int) -> torch.Tensor:
@@ -119,11 +122,12 @@ def eagle3_result(spec: dict, job: dict, seqs: list, layers: list[int]) -> dict:
         raise SystemExit(f"{spec['arm']}: the hidden states are {seqs[0][2].shape[-1]} wide; the heads read "
                          f"{len(layers)} aux layers {layers} of {h}: dumps of other layers or another target?")
 
+    slots = [slots_of(m, k) for _, m, _ in seqs]
+
     def fed(ids: list[int]) -> dict:
-        idx = torch.cat([torch.arange(layers.index(i) * h, (layers.index(i) + 1) * h) for i in sorted(set(ids))])
-        rows = [eagle3_correct(d, t, aux[:, idx].float(), slots_of(m, k), k) for t, m, aux in seqs
-                if len(slots_of(m, k))]
-        return summary(rows, k)
+        idx = columns(layers, ids, h)
+        return summary([eagle3_correct(d, t, aux[:, idx].float(), s, k) for (t, _, aux), s in zip(seqs, slots)
+                        if len(s)], k)
 
     out, own_d2t = fed(d.aux_layers), d.d2t.clone()
     out["variants"] = {}
@@ -141,22 +145,23 @@ def draft_model_result(spec: dict, seqs: list) -> dict:
     from transformers import AutoModelForCausalLM
 
     model, k = AutoModelForCausalLM.from_pretrained(spec["path"], dtype=torch.float32).eval(), spec["k"]
-    return summary([draft_model_correct(model, t, slots_of(m, k), k) for t, m, _ in seqs if len(slots_of(m, k))], k)
+    slots = [slots_of(m, k) for _, m, _ in seqs]
+    return summary([draft_model_correct(model, t, s, k) for (t, _, _), s in zip(seqs, slots) if len(s)], k)
 
 
 def main() -> None:
     job = json.loads(Path(sys.argv[1]).read_text())
     start = time.monotonic()
     drafters = job["drafters"]
-    own = sorted({i for d in drafters if d["method"] == "eagle3" for i in aux_ids(d)})
+    own = sorted({i for d in drafters if d["method"] == "eagle3"
+                  for i in d["config"]["eagle_aux_hidden_state_layer_ids"]})
     layers = set(own)
     if not job.get("hidden_states"):  # dumps hold the layers they were made for; a target run computes any
         layers |= {i for d in drafters for v in (d.get("variants") or {}).values() for i in v.get("aux", ())}
     seqs = list(sequences(job, layers))
     layers = sorted(layers)
     for dump in job.get("write_dumps") or []:  # the heads' own layers, as a training pipeline dumps them
-        h = seqs[0][2].shape[-1] // len(layers)
-        cols = torch.cat([torch.arange(layers.index(i) * h, (layers.index(i) + 1) * h) for i in own])
+        cols = columns(layers, own, seqs[0][2].shape[-1] // len(layers))
         dumps.write(dump["folder"], dump["format"],
                     [(ids, int((~mask).sum()), aux[:, cols]) for ids, mask, aux in seqs], len(own))
     results = {spec["arm"]: eagle3_result(spec, job, seqs, layers) if spec["method"] == "eagle3"
@@ -167,12 +172,6 @@ def main() -> None:
            "seconds": time.monotonic() - start}
     Path(sys.argv[2]).write_text(json.dumps(out, indent=2))
     print(json.dumps(out))
-
-
-def aux_ids(spec: dict) -> list[int]:
-    if spec.get("config"):
-        return spec["config"]["eagle_aux_hidden_state_layer_ids"]
-    return json.loads((Path(spec["path"]) / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"]
 
 
 if __name__ == "__main__":

@@ -120,9 +120,10 @@ def test_the_offline_reference_reads_every_llama_head_format_from_its_descriptio
     with torch.no_grad():
         want = d.chain_logits(aux, ids, 2)
     for fmt, path in _formats(tmp_path, d).items():
-        assert read_drafter(LocalExecutor(), str(path)).format == fmt
+        drafter = read_drafter(LocalExecutor(), str(path))
+        assert drafter.format == fmt
         arm = Arm(fmt, "candidate", fmt, DrafterConfig(method="eagle3", model=str(path)))
-        spec = describe(LocalExecutor(), arm, target)
+        spec = describe(arm, drafter, target)
         rebuilt = eagle3_ref.build(spec["config"], {k: read_ref(r) for k, r in spec["tensors"].items()}, d.embed, fmt)
         with torch.no_grad():
             for a, b in zip(rebuilt.chain_logits(aux, ids, 2), want):
