@@ -13,12 +13,13 @@ def test_drafter_that_never_drafts_is_named_spec_disabled(cli, no_servers_left):
 
 
 def test_target_as_its_own_drafter_is_named_draft_overhead(cli, no_servers_left):
-    """Every draft accepted, yet slower than no speculation on this CPU: acceptance is not the user's question."""
+    """Every draft accepted, yet no faster than no speculation (0.97x on one CPU, 1.08x predicted on another): the
+    drafter costs about a baseline step per draft token. Acceptance is not the user's question."""
     done = cli("--drafter", "smol-self", "--no-control", "--prompts", "8")
     assert done.returncode == 0, done.output[-3000:]
     m = done.arms["smol-self"].data.metrics
     assert m["acceptance_rate"] > 0.9 and m["tokens_per_step"] > 4.5
-    assert m["predicted_speedup_k4"] < 1 and {f"predicted_speedup_k{k}" for k in (1, 2, 3)} <= set(m)
+    assert m["draft_cost"] > 0.5 and {f"predicted_speedup_k{k}" for k in (1, 2, 3, 4)} <= set(m)
     assert done.parent.data.tags["specdiag.verdict"] == "draft_overhead"
     verdict = done.artifact_text(done.parent, "verdict.md")
     assert "tokens per step at k=4" in verdict and "measured" in verdict and "pays off" in verdict

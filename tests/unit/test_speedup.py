@@ -40,6 +40,23 @@ def test_a_well_accepted_drafter_that_slows_serving_is_draft_overhead():
     assert "no k pays off" in v.next_step
 
 
+def test_a_self_drafter_near_1x_is_draft_overhead_on_either_side_of_1():
+    """The demo's smol-self as two CPUs measured it: 4.9 tokens per step, 0.97x [0.89-1.05] on one, 1.08x on the
+    other. The interval reaches 1, but the acceptance buys 4.9x were drafting free: the cost is the cause."""
+    pos = (0.99, 0.98, 0.97, 0.96)
+    for tok_s in ([29, 28, 30, 27, 31], [32, 33, 31, 34, 32]):
+        v = decide([BASE, arm("cand", "candidate", pos, tpot=9.3, tok_s=tok_s)], {})
+        assert v.cause == "draft_overhead", v.evidence
+        assert "under half of the 4.90 tokens a step emits" in v.evidence[-1] or "below 1" in v.evidence[-1]
+        assert "no k pays off" in v.next_step  # 1.07x at best: not worth recommending a k
+
+
+def test_a_cheap_head_that_pays_a_fraction_of_its_acceptance_is_healthy():
+    """An EAGLE-3 head: 3.65 tokens per step, 2.2x measured (on a CPU verifying k+1 tokens costs more than one)."""
+    good = arm("cand", "candidate", (0.85, 0.7, 0.6, 0.5), tpot=16.6, tok_s=[66, 64, 68, 65, 67])
+    assert decide([BASE, good], {}).cause == "healthy"
+
+
 def test_a_shorter_k_that_pays_is_named():
     slow = arm("cand", "candidate", (0.95, 0.9, 0.6, 0.5), tpot=10.0, tok_s=[25, 26, 24, 25, 25])
     v = decide([BASE, slow], {})
