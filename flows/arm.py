@@ -14,6 +14,7 @@ from infra.executor import executor_for
 from infra.hostlock import host_lock
 from infra.stats import mean_interval
 from infra.tracking import Tracker
+from tasks.acceptance import request_metrics
 from tasks.bench import benchmark, sweep, sweep_metrics, warmup
 from tasks.cleanup import cleanup
 from tasks.health import wait_healthy
@@ -86,7 +87,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
         if ev.log_path and executor.host != "local":  # the log lands in MLflow from a local copy
             ev.log_path = str(_fetch(executor, ev.log_path, local_dir(parent_run_id)))
         if ev.bench:
-            ev.metrics.update(ev.bench.summary())
+            ev.metrics.update(ev.bench.summary() | request_metrics(ev.bench.records))
             result.request_tok_s = ev.bench.request_tok_s()
         ev.metrics["arm_wall_s"] = time.monotonic() - start
         ev.metrics["overhead_s"] = ev.metrics["arm_wall_s"] - ev.metrics.get("server_ready_s", 0.0) \

@@ -51,7 +51,7 @@ def diagnose(profile: str = "demo", drafter: str | None = None, control: str | N
                             "profile_json": cfg.model_dump_json()})
     with tracker.terminated(parent):
         target, drafters, workdir = resolved_target(cfg), resolved_drafters(plan), run_dir(cfg, parent)
-        findings = inspect_arms(target, drafters, cfg.host)  # seconds, before any server
+        findings = inspect_arms(target, drafters, cfg.host, cfg.target.max_model_len())  # seconds, before any server
         tracker.text(parent, findings_markdown(findings), "static_checks.md")
         offline = offline_eval(cfg, drafters, target, prompts[cfg.bench.warmup:], workdir, tracker, parent)
         results: list[ArmResult] = []

@@ -175,7 +175,7 @@ def plan_server(profile: Profile, arm: Arm, workdir: str) -> ServerPlan:
     spec_cfg = arm.spec.speculative_config(drafter_path) if arm.spec else None
     args = list(arm.target_args) if arm.target_args is not None else profile.target.args
     argv = vllm.server_argv(python, model, profile.target.port, args, spec_cfg,
-                            profile.target.served_model_name)
+                            profile.target.served_model_name, profile.engine.per_request_spec_metrics)
     env = vllm.server_env({**profile.engine.env, **(arm.spec.engine_env if arm.spec else {})})
     safe = re.sub(r"[^\w.-]", "_", arm.name)
     params = {

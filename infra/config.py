@@ -67,11 +67,23 @@ class TargetConfig(_Strict):
     args: list[str] = Field(default_factory=list)  # extra server arguments, identical for every arm
     port: int = Field(default=8011, ge=1024, le=65535)
 
+    def max_model_len(self) -> int | None:
+        """The longest sequence the server accepts, when the arguments set it (--max-model-len N or =N)."""
+        for i, a in enumerate(self.args):
+            if a.startswith("--max-model-len="):
+                return int(a.split("=", 1)[1])
+            if a == "--max-model-len" and i + 1 < len(self.args):
+                return int(self.args[i + 1])
+        return None
+
 
 class EngineConfig(_Strict):
     kind: Literal["vllm"] = "vllm"
     python: str | None = None  # interpreter with vLLM; None = the embedded vLLM CPU virtualenv
     env: dict[str, str] = Field(default_factory=dict)
+    # vLLM >= 0.32 returns each request's own accepted/drafted counts per verify step (the acceptance intervals
+    # over requests and acceptance by position in the sequence come from them); "none" for older engines.
+    per_request_spec_metrics: Literal["none", "summary", "detailed"] = "detailed"
 
 
 class JumpHost(_Strict):

@@ -175,6 +175,20 @@ def _derived_drafter(name: str, transform) -> Path:
     return _built_once(name, "model.safetensors", build)
 
 
+def short_context_drafter(name: str = "smol-self-short", positions: int = 128) -> Path:
+    """The target as its own draft model with a shorter position range (max_position_embeddings 128): a small draft
+    model with less context than its target. vLLM sizes the draft's max model len by it and serves on; every draft
+    made beyond it is rejected (measured on vLLM CPU: 260 of 261 accepted before position 128, 0 of 909 after)."""
+    def build(tmp: Path) -> None:
+        src = target_model()
+        shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("*.safetensors"))
+        (tmp / "model.safetensors").symlink_to(src / "model.safetensors")  # the same weights, not a second copy
+        config = json.loads((src / "config.json").read_text())
+        (tmp / "config.json").write_text(json.dumps({**config, "max_position_embeddings": positions}, indent=2))
+        (tmp / "specdiag.json").write_text(json.dumps({"derived_from": str(src), "fault": "position_limit"}))
+    return _built_once(name, "specdiag.json", build)
+
+
 def _permute_vocab(tensors: dict, gen) -> dict:
     """Permute embedding (and lm_head) rows: token ids map to the wrong vectors, a vocab-mapping fault."""
     import torch
@@ -252,6 +266,7 @@ BUILDERS = {
     "smol-self": target_model,  # the target as its own draft model: the known-good control
     "smol-permuted": lambda: _derived_drafter("smol-permuted", _permute_vocab),
     "smol-noisy": lambda: _derived_drafter("smol-noisy", _add_noise),
+    "smol-self-short": short_context_drafter,
     "smol-eagle3": eagle3_drafter,
     "smol-eagle3-weak": lambda: eagle3_drafter("smol-eagle3-weak"),
     "smol-eagle3-scrambled": lambda: _eagle3_variant("smol-eagle3-scrambled", "scrambled_d2t"),

@@ -22,3 +22,19 @@ def mean_interval(values: list[float]) -> tuple[float, float, float]:
         return (float(v.mean()) if v.size else 0.0,) * 3
     lo, hi = stats.t.interval(0.95, v.size - 1, loc=v.mean(), scale=stats.sem(v) or 1e-12)
     return float(v.mean()), float(lo), float(hi)
+
+
+def ratio_interval(num: list[float], den: list[float]) -> tuple[float, float, float] | None:
+    """A ratio of sums over clusters (accepted / drafted over requests) with its 95% interval from the spread over
+    the clusters: the delta method's cluster-robust variance, t with n-1 degrees of freedom. Drafts within one
+    request are correlated (one prompt, one context), so the requests are the independent units, not the drafts.
+    None with fewer than two clusters that drafted."""
+    a, d = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    a, d = a[d > 0], d[d > 0]
+    if d.size < 2:
+        return None
+    r = a.sum() / d.sum()
+    resid = a - r * d
+    se = np.sqrt(d.size / (d.size - 1) * np.sum(resid ** 2)) / d.sum()
+    half = stats.t.ppf(0.975, d.size - 1) * se
+    return float(r), max(0.0, float(r - half)), min(1.0, float(r + half))

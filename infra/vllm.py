@@ -14,11 +14,12 @@ FATAL_LOG_PATTERNS = (
     "EngineCore failed to start",
     "RuntimeError: Engine",
     "Address already in use",
+    "unrecognized arguments",
 )
 
 
-def server_argv(python: str, model: str, port: int, args: list[str],
-                speculative_config: dict | None, served_model_name: str | None) -> list[str]:
+def server_argv(python: str, model: str, port: int, args: list[str], speculative_config: dict | None,
+                served_model_name: str | None, per_request_spec_metrics: str = "none") -> list[str]:
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
             "--host", "127.0.0.1", "--port", str(port)]
     if served_model_name:
@@ -26,6 +27,8 @@ def server_argv(python: str, model: str, port: int, args: list[str],
     argv += list(args)
     if speculative_config is not None:
         argv += ["--speculative-config", json.dumps(speculative_config, sort_keys=True)]
+        if per_request_spec_metrics != "none":  # each response's usage chunk then carries its own spec counts
+            argv += ["--per-request-spec-decode-metrics", per_request_spec_metrics]
     return argv
 
 
@@ -124,8 +127,16 @@ def parse_aux_layers(log_text: str) -> list[int] | None:
     return [int(x) for x in match.group(1).split(",") if x.strip()] if match else None
 
 
+# A fatal line that names one of these gets the fix beside it.
+FATAL_HINTS = {
+    "--per-request-spec-decode-metrics": "this vLLM predates per-request spec-decode metrics (0.32): "
+                                         "--set engine.per_request_spec_metrics=none",
+}
+
+
 def fatal_line(log_text: str) -> str | None:
     for line in log_text.splitlines():
         if any(p in line for p in FATAL_LOG_PATTERNS):
-            return line.strip()
+            hints = [h for key, h in FATAL_HINTS.items() if key in line]
+            return line.strip() + "".join(f" (fix: {h})" for h in hints)
     return None

@@ -34,6 +34,10 @@ class RequestRecord:
     e2e_ms: float = float("nan")
     start_s: float = float("nan")  # when it was sent, from the start of the window
     itl_ms: list[float] = field(default_factory=list)
+    # The engine's own per-request spec-decode counts (--per-request-spec-decode-metrics detailed): draft tokens
+    # proposed and accepted at each verify step, in order. Empty without speculation or on older engines.
+    step_drafted: list[int] = field(default_factory=list)
+    step_accepted: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -43,7 +47,8 @@ class BenchResult:
     stop_reason: str = ""  # why the early stop ended the window, if it did
 
     def frame(self) -> pd.DataFrame:
-        rows = [{**asdict(r), "itl_ms": json.dumps([round(x, 3) for x in r.itl_ms])} for r in self.records]
+        rows = [{**asdict(r), **{k: json.dumps(v) for k, v in asdict(r).items() if isinstance(v, list)},
+                 "itl_ms": json.dumps([round(x, 3) for x in r.itl_ms])} for r in self.records]
         return pd.DataFrame(rows)
 
     def request_tok_s(self) -> list[float]:
@@ -105,6 +110,9 @@ async def _one(client: SseClient, path: str, body: dict, record: RequestRecord) 
         if chunk.get("usage"):
             record.prompt_tokens = chunk["usage"]["prompt_tokens"]
             record.completion_tokens = chunk["usage"]["completion_tokens"]
+            spec = (chunk.get("metrics") or {}).get("speculative_decoding") or {}
+            record.step_drafted = spec.get("per_step_drafted") or []
+            record.step_accepted = spec.get("per_step_accepted") or []
 
     try:
         await client.post(path, body, on_event)

@@ -31,6 +31,7 @@ class Finding:
     severity: Severity
     code: str
     message: str
+    value: float | None = None  # the number a rule compares with, where there is one (position_limit: the limit)
 
     def line(self) -> str:
         return f"{self.severity.upper():7} {self.code}: {self.message}"
@@ -212,14 +213,31 @@ def compare_eagle3(fs, cand: DrafterSpec, ctrl: DrafterSpec, t: TargetSpec) -> l
     return out
 
 
-def check(fs, path: str, method: str | None, target: TargetSpec, control: str | None = None) -> list[Finding]:
-    """Every static finding for one drafter (and against the control's checkpoint, when one is given)."""
+def check_positions(d: DrafterSpec, t: TargetSpec, served: int | None) -> list[Finding]:
+    """The drafter's declared position range against the longest sequence served (--max-model-len, else the
+    target's own). vLLM extends an EAGLE head's rotary cache to the target's length (#48894), not its training:
+    a head trained on 2048 positions collapses on longer sequences (SpecForge #271, speculators #613)."""
+    served = served or t.max_positions
+    if not d.max_positions or not served or d.max_positions >= served:
+        return []
+    rope = f", rope_scaling {d.rope_scaling}" if d.rope_scaling else ""
+    return [Finding("warning", "position_limit", f"the drafter declares max_position_embeddings {d.max_positions}"
+                    f"{rope}, the server serves up to {served} positions: drafts beyond {d.max_positions} come from "
+                    f"a range it was not trained on; acceptance by position in the sequence decides it",
+                    float(d.max_positions))]
+
+
+def check(fs, path: str, method: str | None, target: TargetSpec, control: str | None = None,
+          served: int | None = None) -> list[Finding]:
+    """Every static finding for one drafter (and against the control's checkpoint, when one is given). served: the
+    longest sequence the server accepts."""
     d = read_drafter(fs, path, method)
     if d.method == "draft_model":
-        return check_draft_model(fs, d, target)
+        return check_draft_model(fs, d, target) + check_positions(d, target, served)
     if d.method != "eagle3":
         return [Finding("info", "unchecked", f"no static checks for method {d.method!r}")]
-    out = [Finding("info", "format", f"{d.format} checkpoint, served as {d.architecture}")] + check_eagle3(fs, d, target)
+    out = [Finding("info", "format", f"{d.format} checkpoint, served as {d.architecture}")] + \
+        check_eagle3(fs, d, target) + check_positions(d, target, served)
     if control:
         ctrl = read_drafter(fs, control)
         if ctrl.method == "eagle3":
@@ -244,7 +262,7 @@ def findings_markdown(findings: dict[str, list[Finding]]) -> str:
 
 
 @task(name="inspect-arms")
-def inspect_arms(target_model: str, arms: list, host=None) -> dict[str, list[Finding]]:
+def inspect_arms(target_model: str, arms: list, host=None, served: int | None = None) -> dict[str, list[Finding]]:
     """Static checks of every drafter arm, before any server starts, where the checkpoints are: this machine, or the
     GPU host over SFTP (only headers, the mapping and sampled rows cross the wire)."""
     from infra.config import HostConfig
@@ -262,7 +280,7 @@ def inspect_arms(target_model: str, arms: list, host=None) -> dict[str, list[Fin
         for arm in (a for a in arms if a.spec and a.spec.model):
             ctrl = control.spec.model if control is not None and arm is not control else None
             try:
-                out[arm.name] = check(fs, arm.spec.model, arm.spec.method, target, ctrl) if target else \
+                out[arm.name] = check(fs, arm.spec.model, arm.spec.method, target, ctrl, served) if target else \
                     [Finding("info", "unchecked", why)]
             except CannotCheck as exc:
                 out[arm.name] = [Finding("info", "unchecked", str(exc))]

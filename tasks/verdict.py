@@ -1,7 +1,9 @@
 """Name the cause: explicit rules over the measured evidence, never claiming more than it supports.
 
 Acceptance is a proportion; its Wilson interval uses the number of drafts as n (the tokens within one
-draft are correlated, so counting draft tokens would overstate the precision).
+draft are correlated, so counting draft tokens would overstate the precision). Drafts within one request are
+correlated too (one prompt, one context): where the engine reports each request's own counts and enough requests
+ran, the interval is also taken over requests (tasks/acceptance.py), and the wider of the two is used.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from prefect.cache_policies import NO_CACHE
 
 from infra.stats import mean_interval, wilson
 from infra.tracking import Tracker
+from tasks.acceptance import split_at
 from tasks.inspect import Finding
 from tasks.offline import OfflineResult
 from tasks.record import ArmResult
@@ -61,9 +64,19 @@ class Verdict:
         return "\n".join(lines + ([f"\nNext: {self.next_step}"] if self.next_step else []))
 
 
+MIN_REQUESTS = 6  # fewer requests than this give no usable spread over requests: drafts are the unit then
+
+
+def over_requests(m: dict[str, float]) -> bool:
+    return m.get("spec_requests", 0) >= MIN_REQUESTS and "acceptance_rate_req_lo" in m
+
+
 def acceptance_interval(m: dict[str, float]) -> tuple[float, float]:
     drafts = m.get("num_drafts", 0.0)
-    return wilson(m.get("acceptance_rate", 0.0) * drafts, drafts)
+    lo, hi = wilson(m.get("acceptance_rate", 0.0) * drafts, drafts)
+    if over_requests(m):
+        return min(lo, m["acceptance_rate_req_lo"]), max(hi, m["acceptance_rate_req_hi"])
+    return lo, hi
 
 
 def offline_interval(m: dict[str, float]) -> tuple[float, float] | None:
@@ -82,8 +95,9 @@ def _fmt_offline(name: str, m: dict[str, float]) -> str:
 
 def _fmt(name: str, m: dict[str, float]) -> str:
     lo, hi = acceptance_interval(m)
+    requests = f" / {m['spec_requests']:.0f} requests" if over_requests(m) else ""
     return (f"{name}: acceptance {m.get('acceptance_rate', 0):.3f} [95% CI {lo:.3f}-{hi:.3f}] over "
-            f"{m.get('num_drafts', 0):.0f} drafts / {m.get('num_draft_tokens', 0):.0f} draft tokens")
+            f"{m.get('num_drafts', 0):.0f} drafts / {m.get('num_draft_tokens', 0):.0f} draft tokens{requests}")
 
 
 PROBE_RATIO = 1.5  # a probe arm decides only when its acceptance differs from the candidate's by this factor
@@ -209,6 +223,39 @@ def _draft_overhead(v: Verdict, results: list[ArmResult]) -> Verdict:
                    f"{sm.tokens_per_step:.2f} tokens"], pays)
 
 
+def _context_limit(cand: ArmResult, findings: list[Finding], evidence: list[str]) -> Verdict | None:
+    """A drafter that declares fewer positions than are served, and accepts far less beyond its limit than before it
+    in the same arm: context_limit. Served only beyond it, nothing to compare with: inconclusive, unless acceptance
+    is healthy there anyway. Served only within it: an evidence line, and the other rules decide."""
+    limit = next((int(f.value) for f in findings if f.code == "position_limit" and f.value), None)
+    if limit is None:
+        return None
+    k, m = max(1, cand.k), cand.metrics
+    (wa, wd), (ba, bd) = split_at(m, limit)
+    static = f"static check: {next(f for f in findings if f.code == 'position_limit').line()}"
+    if bd < MIN_DRAFTS * k:
+        evidence.append(f"{cand.arm}: {bd:.0f} draft tokens beyond position {limit}: the served sequences stayed "
+                        f"within its declared range" if "seqpos_0_drafted" in m else
+                        f"{cand.arm}: no acceptance by position (the engine gave no per-request counts)")
+        return None
+    (b_lo, b_hi), beyond = wilson(ba / k, bd / k), f"beyond position {limit}: {ba:.0f} of {bd:.0f} draft tokens accepted"
+    if wd < MIN_DRAFTS * k:
+        if b_lo >= HEALTHY:
+            return None
+        return Verdict("inconclusive", evidence + [static, f"{cand.arm}: {beyond}, and no drafts before it to compare "
+                       f"with"], f"serve prompts shorter than {limit} tokens as well (e.g. --prompt-set chat): "
+                       f"acceptance before and after the limit decides it")
+    (w_lo, _), within = wilson(wa / k, wd / k), f"before it: {wa:.0f} of {wd:.0f}"
+    line = f"{cand.arm}: {beyond} ({ba / bd:.3f}, upper {b_hi:.3f}); {within} ({wa / wd:.3f}, lower {w_lo:.3f})"
+    if b_hi < w_lo and ba / bd * PROBE_RATIO <= wa / wd:
+        return Verdict("context_limit", evidence + [static, line, "the same arm accepts far less past the drafter's "
+                       "declared position range: its context is too short for the served sequences"],
+                       f"use a drafter trained on sequences as long as those served (SpecForge/speculators max "
+                       f"length), or serve no longer than {limit} tokens (--max-model-len)")
+    evidence.append(line)
+    return None
+
+
 def _decide(results: list[ArmResult], findings: dict[str, list[Finding]], offline: OfflineResult) -> Verdict:
     cand = next((r for r in results if r.role == "candidate"), None)
     ctrl = next((r for r in results if r.role == "control"), None)
@@ -259,6 +306,9 @@ def _decide(results: list[ArmResult], findings: dict[str, list[Finding]], offlin
     probed = probe_verdict(cand, results, evidence)
     if probed:
         return probed
+    limited = _context_limit(cand, findings.get(cand.arm, []), evidence)
+    if limited:
+        return limited
     if lo >= HEALTHY:
         return Verdict("healthy", evidence + [f"the whole interval lies above {HEALTHY}"])
     if off and off[1] < CONTROL_GOOD and hi >= off[0]:

@@ -12,17 +12,35 @@ def test_drafter_that_never_drafts_is_named_spec_disabled(cli, no_servers_left):
     assert done.parent.data.tags["specdiag.verdict"] == "spec_disabled"
 
 
-def test_target_as_its_own_drafter_is_named_draft_overhead(cli, no_servers_left):
-    """Every draft accepted, yet no faster than no speculation (0.97x on one CPU, 1.08x predicted on another): the
-    drafter costs about a baseline step per draft token. Acceptance is not the user's question."""
-    done = cli("--drafter", "smol-self", "--no-control", "--prompts", "8")
+def test_self_drafting_is_draft_overhead_and_a_short_context_drafter_is_context_limit(cli, no_servers_left, tmp_path):
+    """One diagnosis, three servers, on a user's JSONL alternating chat questions (~40 tokens) and long reading
+    prompts (300-500 tokens):
+    - smol-self, the candidate: every draft accepted, yet no faster than no speculation (0.97x on one CPU, 1.08x
+      predicted on another): it costs about a baseline step per draft token. Acceptance is not the user's question.
+    - smol-self-short, an extra arm: the same model declaring 128 positions. Its drafts are accepted before position
+      128 and rejected after it: context_limit, from the static check and acceptance by position in the sequence."""
+    from tests.conftest import ROOT
+
+    chat, long = (ROOT / "infra/prompts/chat.jsonl").read_text().splitlines(), \
+        (ROOT / "infra/prompts/long.jsonl").read_text().splitlines()
+    (tmp_path / "mixed.jsonl").write_text("\n".join(x for pair in zip(chat[:5], long[:5]) for x in pair) + "\n")
+    done = cli("--drafter", "smol-self", "--no-control", "--arms", "smol-self-short", "--prompt-set",
+               str(tmp_path / "mixed.jsonl"), "--prompts", "8", "--max-tokens", "64")
     assert done.returncode == 0, done.output[-3000:]
     m = done.arms["smol-self"].data.metrics
     assert m["acceptance_rate"] > 0.9 and m["tokens_per_step"] > 4.5
     assert m["draft_cost"] > 0.5 and {f"predicted_speedup_k{k}" for k in (1, 2, 3, 4)} <= set(m)
+    # each request's own counts (--per-request-spec-decode-metrics) add up to the server's counters
+    assert m["spec_requests"] == 8 and m["acceptance_rate_req"] == pytest.approx(m["acceptance_rate"], abs=0.02)
     assert done.parent.data.tags["specdiag.verdict"] == "draft_overhead"
     verdict = done.artifact_text(done.parent, "verdict.md")
     assert "tokens per step at k=4" in verdict and "measured" in verdict and "pays off" in verdict
+    short = done.arms["smol-self-short"].data
+    assert short.tags["specdiag.arm_verdict"] == "context_limit"
+    before = short.metrics["seqpos_0_accepted"] / short.metrics["seqpos_0_drafted"]
+    after = short.metrics["seqpos_256_accepted"] / short.metrics["seqpos_256_drafted"]
+    assert before > 0.9 and after < 0.1, (before, after)
+    assert "position_limit" in done.artifact_text(done.parent, "static_checks.md")
 
 
 def test_a_checkpoint_the_engine_cannot_map_is_stopped_before_its_load(cli, no_servers_left):
