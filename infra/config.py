@@ -231,6 +231,9 @@ def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None,
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise SpecdiagError(f"profile {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SpecdiagError(f"profile {path} holds a {type(data).__name__}, not a mapping of sections: write it as "
+                            f"'target:', 'drafters:', 'bench:' ... (see infra/profiles/demo.yaml)")
     data.setdefault("name", path.stem)
     for key, value in (overrides or {}).items():
         if value is not None:

@@ -25,12 +25,17 @@ def forget(pid: int, host: str = "local") -> None:
 
 
 def launched(host: str = "local") -> list[dict]:
+    """This host's entries, by the host name recorded in each (the file name's prefix alone would give host "gpu"
+    the entries of "gpu-box")."""
     out = []
     for f in sorted(_dir().glob(f"{host}-*.json")):
         try:
-            out.append(json.loads(f.read_text()))
+            entry = json.loads(f.read_text())
         except (json.JSONDecodeError, OSError):
             f.unlink(missing_ok=True)
+            continue
+        if entry.get("host") == host:
+            out.append(entry)
     return out
 
 

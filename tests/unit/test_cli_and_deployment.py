@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
     (["--profile", "nope"], "unknown profile 'nope'"),
     (["--drafter", "/no/such/ckpt"], "does not exist"),
     (["--set", "bench.max_tokens=-1"], "bench.max_tokens"),
+    (["--profile", str(ROOT / "tests/fixtures/profile_list.yaml")], "holds a list, not a mapping of sections"),
+    (["--profile", str(ROOT / "tests/fixtures/profile_scalar.yaml")], "holds a str, not a mapping of sections"),
 ])
 def test_bad_input_is_one_clear_line_not_a_traceback(args, message):
     proc = subprocess.run([sys.executable, "flows/diagnose.py", *args], cwd=ROOT, capture_output=True, text=True,

@@ -38,3 +38,14 @@ def _run_two(hosts, tmp_path):
 def test_two_diagnoses_on_one_host_never_overlap_and_on_two_hosts_do(prefect_server, tmp_path):
     assert _run_two(["gpu-box-a", "gpu-box-a"], tmp_path) is True
     assert _run_two(["gpu-box-b", "gpu-box-c"], tmp_path) is False
+
+
+def test_registry_entries_belong_to_the_exact_host_named(tmp_path, monkeypatch):
+    """A host named "gpu" must not see (and clean up) the servers of "gpu-box"."""
+    from infra import registry
+
+    monkeypatch.setattr(registry, "_dir", lambda: tmp_path)
+    registry.remember(101, 101, "a", "gpu-box", "vllm serve")
+    registry.remember(202, 202, "b", "gpu", "vllm serve")
+    assert [e["pid"] for e in registry.launched("gpu")] == [202]
+    assert [e["pid"] for e in registry.launched("gpu-box")] == [101]

@@ -1,0 +1,37 @@
+"""Cleanup stops a dead run's server only while its process group is still that server: a PID the system has
+given to another program since is left alone (real processes, real /proc and ps)."""
+import json
+import sys
+import time
+
+from infra import registry
+from infra.config import HostConfig
+from infra.executor import LocalExecutor
+from tasks.cleanup import cleanup, still_ours
+
+
+def _entry(proc, started, arm="a"):
+    return {"pid": proc.pid, "pgid": proc.pgid, "arm": arm, "host": "local", "command": proc.command,
+            "started": started, "owner_pid": 2 ** 22 + 7}  # an owner that is gone
+
+
+def test_a_recycled_process_group_is_left_alone_and_the_server_still_ours_is_stopped(tmp_path, monkeypatch):
+    monkeypatch.setattr(registry, "_dir", lambda: tmp_path)
+    ex = LocalExecutor()
+    other = ex.launch(["sleep", "300"], {}, str(tmp_path / "other.log"))  # someone else's program, started now
+    server = ex.launch([sys.executable, "-c", "import time; time.sleep(300)", "vllm.entrypoints.openai.api_server"],
+                       {}, str(tmp_path / "server.log"))
+    try:
+        time.sleep(0.5)
+        recycled = _entry(other, time.time() - 3600, "old-arm")  # the record is an hour old, the process is not
+        assert not still_ours(ex, recycled)
+        assert still_ours(ex, _entry(server, time.time()))
+        for e in (recycled, _entry(server, time.time(), "b")):  # as remember() writes them, by a run now dead
+            (tmp_path / f"local-{e['pid']}.json").write_text(json.dumps(e))
+        out = cleanup.fn(ex, HostConfig())
+        assert out["stale_servers_stopped"] == 1
+        assert ex.is_alive(other.pid) and not ex.group_pids(server.pgid)
+        assert registry.launched() == []
+    finally:
+        for p in (other, server):
+            ex.stop_group(p.pgid, grace_s=1)
