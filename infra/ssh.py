@@ -25,6 +25,11 @@ from infra.config import HostConfig, SpecdiagError
 from infra.executor import Completed, Launched, escalate
 
 DROPS = (OSError, EOFError, paramiko.SSHException)
+PGID_MARK = "specdiag-pgid="
+
+
+def _without_mark(stderr: str) -> str:
+    return stderr.split("\n", 1)[1] if stderr.startswith(PGID_MARK) else stderr
 
 
 def _refusal(exc: Exception, cfg: HostConfig, known: Path) -> SpecdiagError | None:
@@ -139,11 +144,15 @@ class SshExecutor:
 
     # -- commands --------------------------------------------------------------------------------------
     def _exec(self, command: str, timeout_s: float, idempotent: bool = True) -> Completed:
+        """Run COMMAND in its own process group on the host (setsid), which reports its PGID first on stderr: a
+        command that outlives timeout_s is stopped there, group and all, not left running."""
+        wrapped = f"exec setsid -w sh -c {shlex.quote(f'echo {PGID_MARK}$$ >&2; {command}')}"
+
         def op(transport: paramiko.Transport) -> Completed:
             chan = transport.open_session(timeout=self.cfg.connect_timeout_s)
+            out, err = bytearray(), bytearray()
             try:
-                chan.exec_command(command)
-                out, err = bytearray(), bytearray()
+                chan.exec_command(wrapped)
                 deadline = time.monotonic() + timeout_s
                 while True:  # drain both streams while waiting, or a full window blocks the remote command
                     select.select([chan], [], [], 0.2)
@@ -156,12 +165,20 @@ class SshExecutor:
                     if not transport.is_active():
                         raise EOFError("SSH connection dropped")
                     if time.monotonic() > deadline:
+                        self._stop_timed_out(err)
                         raise subprocess.TimeoutExpired(command, timeout_s)
                 return Completed(chan.recv_exit_status(), out.decode("utf-8", "replace"),
-                                 err.decode("utf-8", "replace"))
+                                 _without_mark(err.decode("utf-8", "replace")))
             finally:
                 chan.close()
         return self._retrying(op, idempotent)
+
+    def _stop_timed_out(self, err: bytearray) -> None:
+        found = re.match(rf"{PGID_MARK}(\d+)", err.decode("utf-8", "replace"))
+        if found:
+            left = self.stop_group(int(found.group(1)), grace_s=3.0)
+            print(f"{self.host}: a command ran past its timeout; its process group {found.group(1)} was stopped"
+                  + (f" except {left}" if left else ""))
 
     def run(self, argv: list[str], timeout_s: float) -> Completed:
         return self._exec(shlex.join(argv), timeout_s)
@@ -204,7 +221,8 @@ class SshExecutor:
         return send
 
     def stop_group(self, pgid: int, grace_s: float = 15.0) -> list[int]:
-        gone = escalate(self._kill(f"-- -{int(pgid)}"), lambda: not self.group_pids(pgid), grace_s, 0.3)
+        # `kill -SIG -PGID`: dash, the `sh` commands run in, has no `kill --`
+        gone = escalate(self._kill(f"-{int(pgid)}"), lambda: not self.group_pids(pgid), grace_s, 0.3)
         return [] if gone else self.group_pids(pgid)
 
     def stop_pid(self, pid: int, grace_s: float = 15.0) -> bool:

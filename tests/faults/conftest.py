@@ -1,0 +1,3 @@
+"""Fault tests: each breaks one thing for real (a process, a connection, a store, an input) and asserts what is left:
+no process, a free lock, the right run states and artifacts, and one clear line."""
+from tests.ssh.conftest import host, sshd  # noqa: F401  (the real sshd on 127.0.0.1, for SSH faults)
