@@ -1,42 +1,154 @@
-"""One server per host (or GPU set) at a time, across all flow runs: a Prefect global concurrency limit, strict.
+"""One server per host resource at a time, across all flow runs: Prefect global concurrency limits, strict.
 
-Two diagnoses aimed at the same host queue on it; diagnoses on different hosts run in parallel.
+What a server holds, and must not share, is its GPUs and its port. Each is a limit of one slot:
+`specdiag-host-<host>-gpu-<i>` per GPU, `specdiag-host-<host>-port-<port>`, all taken in one atomic call, so GPU
+sets that overlap exclude each other and sets that do not run side by side (given different ports). A server on
+all of a host's GPUs (host.gpus unset) takes every slot of `specdiag-host-<host>-gpus`, which a GPU set takes one
+slot of: whole-host and GPU-set servers exclude each other too. A busy host means waiting, with progress printed.
+Slots are leases, renewed while held. A holder that dies (SIGKILL, OOM) stops renewing: a Prefect server that runs
+its repossessor frees them within LEASE_S; a waiter on the same machine does not wait for that (the temporary server
+of a bare `python flows/diagnose.py` expires nothing): it sees the holder's record and gives the slots back.
 """
 from __future__ import annotations
 
+import json
+import os
+import socket
+import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
+from uuid import UUID
 
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-from prefect.concurrency.sync import concurrency
-from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+from prefect.client.schemas.responses import ConcurrencyLimitWithLeaseResponse
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound, PrefectHTTPStatusError
+from prefect.settings import PREFECT_API_URL
 
+from infra import registry
 from infra.config import HostConfig
+from infra.embedded import cache_dir
+
+HOST_SHARES = 64  # slots of a host's GPU-share limit: a whole-host server takes them all, a GPU set one
+LEASE_S = 60.0  # renewed while held; what a dead holder blocks for on a Prefect server that expires leases
+POLL_S = 1.0  # how often a waiter asks again
 
 
-def lock_name(host: HostConfig) -> str:
-    gpus = "-gpus-" + "-".join(map(str, sorted(host.gpus))) if host.gpus else ""
-    return f"specdiag-host-{host.name}{gpus}"
+def lock_names(host: HostConfig, port: int) -> tuple[str, list[str]]:
+    """(the host's GPU-share limit, the exclusive ones: this server's GPUs and port)."""
+    base = f"specdiag-host-{host.name}"
+    gpus = [f"{base}-gpu-{i}" for i in sorted(set(host.gpus))] if host.gpus else []
+    return f"{base}-gpus", gpus + [f"{base}-port-{port}"]
 
 
-def _ensure_limit(name: str) -> None:
+def _ensure_limit(name: str, limit: int = 1) -> None:
     with get_client(sync_client=True) as client:
         try:
             client.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
             try:
-                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
             except ObjectAlreadyExists:  # another diagnosis created it first
                 pass
 
 
-@contextmanager
-def host_lock(host: HostConfig, timeout_s: float | None = None):
-    """Hold the host's slot; yields the seconds spent waiting for it."""
-    name = lock_name(host)
-    _ensure_limit(name)
+def _api() -> str:
+    """Which Prefect server a lease lives on: a configured one, or this process's own temporary one."""
+    return PREFECT_API_URL.value() or f"ephemeral:{os.getpid()}"
+
+
+def _acquire(client, names: list[str], occupy: int, what: str, progress_s: float):
+    """Poll for the slots (all at once, or none) until they are ours; print what it waits for every progress_s and
+    give back the slots of holders that died."""
     start = time.monotonic()
-    # strict: a limit that cannot be found raises instead of being silently skipped
-    with concurrency(name, occupy=1, strict=True, timeout_seconds=timeout_s):
+    next_print = start + progress_s
+    while True:
+        try:
+            resp = client.increment_concurrency_slots_with_lease(names, occupy, "concurrency", LEASE_S)
+            granted = ConcurrencyLimitWithLeaseResponse.model_validate(resp.json())
+            if len(granted.limits) != len(names):  # strict: never run on a limit that was silently skipped
+                client.release_concurrency_slots_with_lease(granted.lease_id)
+                raise RuntimeError(f"host lock limits missing on the Prefect server: {names}")
+            return granted.lease_id
+        except PrefectHTTPStatusError as exc:
+            if exc.response.status_code != 423:  # 423 Locked: held by another
+                raise
+        reclaim_dead(client, names)
+        if time.monotonic() >= next_print:
+            next_print += progress_s
+            print(f"waiting {time.monotonic() - start:.0f} s for {what}, held by another diagnosis "
+                  f"({', '.join(names)}); this one queues until that server stops")
+        time.sleep(POLL_S)
+
+
+@contextmanager
+def _slots(names: list[str], occupy: int, what: str, progress_s: float):
+    """Hold the slots under a lease renewed while held, with a record of the holder on this machine: a waiter that
+    finds the holder dead (SIGKILL, OOM) gives the slots back."""
+    with get_client(sync_client=True) as client:
+        lease = _acquire(client, names, occupy, what, progress_s)
+    record, held = _holders() / f"{lease}.json", threading.Event()
+    record.write_text(json.dumps({"owner_pid": os.getpid(), "machine": socket.gethostname(), "names": names,
+                                  "occupy": occupy, "lease": str(lease), "api": _api(), "since": time.time()}))
+
+    def renew():
+        while not held.wait(LEASE_S / 4):
+            try:
+                with get_client(sync_client=True) as client:
+                    client.renew_concurrency_lease(lease, LEASE_S)
+            except Exception as exc:  # a blip; the next renewal may pass
+                print(f"could not renew the host lock's lease: {exc}")
+    threading.Thread(target=renew, daemon=True).start()
+    try:
+        yield
+    finally:
+        held.set()
+        with get_client(sync_client=True) as client:
+            client.release_concurrency_slots_with_lease(lease)
+        record.unlink(missing_ok=True)
+
+
+def _holders() -> Path:
+    path = cache_dir() / "locks"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def reclaim_dead(client, names: list[str]) -> None:
+    """Give back the slots on NAMES of holders on this machine whose process is gone. A lease on the Prefect server
+    we share is released by its id (so a server that expires leases does not give it back twice); one that lived on
+    the dead process's own temporary server (whose database the temporary servers share) is gone with it, and its
+    slots are decremented directly. A record from some other server is only dropped."""
+    for record in _holders().glob("*.json"):
+        try:
+            entry = json.loads(record.read_text())
+            if not set(entry["names"]) & set(names) or entry["machine"] != socket.gethostname() \
+                    or registry.owner_alive(entry):
+                continue
+            if entry["api"] == _api():
+                client.release_concurrency_slots_with_lease(UUID(entry["lease"]))
+            elif entry["api"].startswith("ephemeral:") and _api().startswith("ephemeral:"):
+                client.release_concurrency_slots(entry["names"], entry["occupy"], max(1.0, time.time() - entry["since"]))
+            else:
+                record.unlink(missing_ok=True)
+                continue
+        except (OSError, ValueError, KeyError, TypeError):  # unreadable or from an older specdiag: not evidence
+            record.unlink(missing_ok=True)
+            continue
+        record.unlink(missing_ok=True)
+        print(f"gave back {', '.join(entry['names'])}: diagnosis pid {entry['owner_pid']} died holding them")
+
+
+@contextmanager
+def host_lock(host: HostConfig, port: int, progress_s: float = 15.0):
+    """Hold this server's GPUs and port on the host; yields the seconds spent waiting for them."""
+    share, exclusive = lock_names(host, port)
+    _ensure_limit(share, HOST_SHARES)
+    for name in exclusive:
+        _ensure_limit(name)
+    start = time.monotonic()
+    gpus = f"GPUs {','.join(map(str, sorted(set(host.gpus))))}" if host.gpus else "all GPUs"
+    with _slots([share], 1 if host.gpus else HOST_SHARES, f"{gpus} of host {host.name}", progress_s), \
+            _slots(exclusive, 1, f"{gpus} and port {port} of host {host.name}", progress_s):
         yield time.monotonic() - start

@@ -14,10 +14,10 @@ def _dir():
     return path
 
 
-def remember(pid: int, pgid: int, arm: str, host: str, command: str) -> None:
+def remember(pid: int, pgid: int, arm: str, host: str, command: str, port: int | None = None) -> None:
     (_dir() / f"{host}-{pid}.json").write_text(json.dumps(
         {"pid": pid, "pgid": pgid, "arm": arm, "host": host, "command": command, "started": time.time(),
-         "owner_pid": os.getpid()}))
+         "owner_pid": os.getpid(), "port": port}))
 
 
 def forget(pid: int, host: str = "local") -> None:

@@ -11,33 +11,39 @@ from infra.hostlock import host_lock
 
 
 @flow
-def hold_host(host_name: str, log_path: str) -> tuple[float, float]:
+def hold_host(host_name: str, gpus: list[int] | None, port: int, log_path: str) -> tuple[float, float]:
     """What an arm does with the host: take the lock, run a real server process, stop it, release."""
     ex = LocalExecutor()
-    with host_lock(HostConfig(name=host_name)):
-        proc = ex.launch([sys.executable, "-c", "import time; time.sleep(4)"], {}, log_path)
+    with host_lock(HostConfig(name=host_name, gpus=gpus), port, progress_s=0.5):
+        proc = ex.launch([sys.executable, "-c", "import time; time.sleep(3)"], {}, log_path)
         start = time.monotonic()
         while ex.is_alive(proc.pid):
             time.sleep(0.05)
         return start, time.monotonic()
 
 
-def _run_two(hosts, tmp_path):
+def _overlap(a, b, tmp_path) -> bool:
+    """Run two holders (host, gpus, port) at once: True when their servers' lifetimes intersect."""
     spans = []
-    threads = [threading.Thread(target=lambda h, p: spans.append(hold_host(h, p)), args=(h, str(tmp_path / f"{i}.log")))
-               for i, h in enumerate(hosts)]
+    threads = [threading.Thread(target=lambda h, p: spans.append(hold_host(*h, p)), args=(h, str(tmp_path / f"{i}.log")))
+               for i, h in enumerate((a, b))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
     assert len(spans) == 2, spans
     (a0, a1), (b0, b1) = sorted(spans)
-    return a1 <= b0  # True when the lifetimes do not intersect
+    return b0 < a1
 
 
-def test_two_diagnoses_on_one_host_never_overlap_and_on_two_hosts_do(prefect_server, tmp_path):
-    assert _run_two(["gpu-box-a", "gpu-box-a"], tmp_path) is True
-    assert _run_two(["gpu-box-b", "gpu-box-c"], tmp_path) is False
+def test_servers_sharing_a_gpu_or_a_port_queue_and_others_run_side_by_side(prefect_server, tmp_path, capsys):
+    assert _overlap(("box-a", None, 8011), ("box-a", None, 8011), tmp_path) is False
+    assert "waiting" in capsys.readouterr().out  # the queued one says what it waits for, while it waits
+    assert _overlap(("box-b", None, 8011), ("box-c", None, 8011), tmp_path) is True  # two hosts
+    assert _overlap(("box-d", [0, 1], 8011), ("box-d", [1, 2], 8012), tmp_path) is False  # GPU 1 in both
+    assert _overlap(("box-d", [0], 8011), ("box-d", [1], 8012), tmp_path) is True  # disjoint GPUs and ports
+    assert _overlap(("box-d", [0], 8011), ("box-d", [1], 8011), tmp_path) is False  # one port
+    assert _overlap(("box-e", None, 8011), ("box-e", [3], 8012), tmp_path) is False  # all GPUs vs one
 
 
 def test_registry_entries_belong_to_the_exact_host_named(tmp_path, monkeypatch):
@@ -49,3 +55,39 @@ def test_registry_entries_belong_to_the_exact_host_named(tmp_path, monkeypatch):
     registry.remember(202, 202, "b", "gpu", "vllm serve")
     assert [e["pid"] for e in registry.launched("gpu")] == [202]
     assert [e["pid"] for e in registry.launched("gpu-box")] == [101]
+
+
+HOLD_AND_HANG = """
+import sys, time
+from infra.config import HostConfig
+from infra.hostlock import host_lock
+with host_lock(HostConfig(name="box-f"), 8011):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_holder_killed_holding_the_host_is_given_back_by_the_next(prefect_server, tmp_path, capsys):
+    """SIGKILL leaves the slots taken and no lease expiry on this server: the next waiter on this machine sees the
+    holder's record, its process gone, and gives the slots back instead of waiting forever."""
+    import os
+    import subprocess
+
+    from prefect.settings import PREFECT_API_URL
+
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(ROOT)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_AND_HANG], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        holder.kill()
+        holder.wait(10)
+        result = []
+        waiter = threading.Thread(target=lambda: result.append(hold_host("box-f", None, 8011, str(tmp_path / "w.log"))))
+        waiter.start()
+        waiter.join(60)
+        assert result, "the next diagnosis still waits for a dead holder's slots"
+        assert f"diagnosis pid {holder.pid} died holding them" in capsys.readouterr().out
+    finally:
+        holder.kill()
