@@ -13,7 +13,7 @@ from infra.config import Profile
 from infra.executor import executor_for
 from infra.hostlock import host_lock
 from infra.stats import mean_interval
-from infra.tracking import Tracker
+from infra.tracking import Tracker, interruption, signal_name
 from tasks.acceptance import request_metrics
 from tasks.bench import benchmark, sweep, sweep_metrics, warmup
 from tasks.cleanup import cleanup
@@ -21,7 +21,7 @@ from tasks.health import wait_healthy
 from tasks.launch import launch_server
 from tasks.record import ArmEvidence, ArmResult, record_arm
 from tasks.scrape import counter_metrics, log_crosscheck, scrape, spec_totals, spec_window
-from tasks.teardown import teardown
+from tasks.teardown import stop_unreturned, teardown
 from tasks.verdict import decision_thresholds, speed_judged
 
 
@@ -46,7 +46,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
         if blockers:
             raise StaticCheckFailed("; ".join(blockers) + " (the server was not started; --force launches anyway)")
         # one server per host at a time, across flow runs: queued here, held until teardown
-        ev.metrics["host_lock_wait_s"] = held.enter_context(host_lock(cfg.host))
+        ev.metrics["host_lock_wait_s"] = held.enter_context(host_lock(cfg.host, cfg.target.port))
         plan = plan_server(cfg, arm, workdir)
         params, ev.log_path = plan.params, plan.log_path
         ev.metrics.update(cleanup(executor, cfg.host))
@@ -73,12 +73,19 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
         result.error = f"{type(exc).__name__}: {exc}"
         ev.bench = ev.bench or getattr(exc, "result", None)
         print(f"[{arm.name}] FAILED: {result.error}")
+    except BaseException as exc:  # Ctrl-C, SIGTERM, a Prefect cancellation: the same teardown, then on up
+        result.interrupted, result.error = interruption(exc), f"interrupted ({signal_name(exc)}) during arm {arm.name}"
+        ev.bench = ev.bench or getattr(exc, "result", None)
+        print(f"[{arm.name}] {result.error}: stopping its server")
+        raise
     finally:
         if server is not None:
             try:
                 ev.metrics["shm_files_removed"] = teardown(server)
             except Exception as exc:
                 result.ok, result.error = False, f"{result.error}\nteardown: {exc}".strip()
+        else:
+            stop_unreturned(executor, arm.name)
         held.close()  # the host is free for the next server
         log_text = executor.read_tail(ev.log_path, 1 << 20) if ev.log_path else ""
         ev.engine_version = vllm.parse_engine_version(log_text) or ""
@@ -108,3 +115,4 @@ def _fetch(executor, path: str, dest_dir: Path) -> Path:
     except Exception as exc:  # a log that cannot be fetched must not hide what was measured
         print(f"could not fetch {path} from {executor.host}: {exc}")
         return dest_dir / Path(path).name
+

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -15,11 +16,12 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from prefect import flow  # noqa: E402
+from prefect.exceptions import TerminationSignal  # noqa: E402
 
 from flows.arm import run_arm
-from infra.arms import plan_arms, resolved_drafters, resolved_target, run_dir, validate_local_inputs
+from infra.arms import plan_arms, resolved_drafters, resolved_target, run_dir, validate_inputs
 from infra.config import SpecdiagError, load_profile
-from infra.tracking import Tracker
+from infra.tracking import Tracker, check_store, interrupted_where, interruption, signal_name
 from infra.promptsets import load as load_prompts
 from tasks.compare import compare
 from tasks.inspect import findings_markdown, inspect_arms
@@ -32,8 +34,9 @@ from tasks.verdict import verdict
 def prepare(profile: str = "demo", overrides: dict | None = None, sets: list[str] | None = None):
     """Everything that can be checked before a server starts: bad input fails here, in seconds."""
     cfg = load_profile(profile, overrides, sets)
+    check_store()
     arms = plan_arms(cfg)
-    validate_local_inputs(cfg, arms)
+    validate_inputs(cfg, arms)
     prompts = load_prompts(cfg.bench.prompts, cfg.bench.warmup + cfg.bench.num_prompts)
     return cfg, arms, prompts
 
@@ -58,8 +61,9 @@ def diagnose(profile: str = "demo", drafter: str | None = None, control: str | N
         for arm in drafters:  # in order, the baseline first: later arms' early stop compares with its tok/s
             base = next((r.request_tok_s for r in results if r.role == "baseline" and r.ok), None)
             blockers = [] if cfg.force else [f"{f.code}: {f.message}" for f in findings.get(arm.name, []) if f.gating]
-            results.append(run_arm(cfg, arm, tracker.uri, experiment, parent, workdir, prompts,
-                                   offline.metrics.get(arm.name), base, blockers))
+            with tracker.interrupts(parent, arm.name):
+                results.append(run_arm(cfg, arm, tracker.uri, experiment, parent, workdir, prompts,
+                                       offline.metrics.get(arm.name), base, blockers))
         table = compare(tracker, parent, results)
         decision = verdict(tracker, parent, results, findings, offline)
         plots(tracker, parent, results)
@@ -93,12 +97,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sets = args.sets + [f"{k}={json.dumps(v)}" for k, v in over.items()
                         if v is not None and k not in ("drafter", "control", "arms")]
+    signal.signal(signal.SIGTERM, _terminated)  # SIGTERM ends like Ctrl-C (Prefect re-raises it here after its own)
     try:
         results = diagnose(args.profile, cfg.drafter, cfg.control, cfg.arms, sets)
     except SpecdiagError as exc:  # e.g. the engine environment could not be built
         print(f"specdiag: error: {exc}", file=sys.stderr)
         return 2
+    except BaseException as exc:  # Ctrl-C, SIGTERM, a Prefect cancellation: already torn down and recorded
+        if not interruption(exc):
+            raise
+        print(f"specdiag: interrupted ({signal_name(exc)}) {interrupted_where(exc)}: its server was stopped and "
+              "what it measured is in its MLflow run (KILLED)", file=sys.stderr)
+        return 130
     return 0 if all(r.ok for r in results) else 1
+
+
+def _terminated(signum, _frame):
+    raise TerminationSignal(signum)
 
 
 if __name__ == "__main__":

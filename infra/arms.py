@@ -10,9 +10,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from infra import embedded, vllm
+from infra import embedded, registry, vllm
 from infra.eagle3 import with_mapping
-from infra.executor import LocalExecutor
+from infra.executor import LocalExecutor, executor_for
 from infra.config import PROJECT_ROOT, DrafterConfig, Profile, SpecdiagError
 
 Role = Literal["baseline", "candidate", "control", "extra", "probe"]
@@ -115,25 +115,42 @@ def probe_arms(profile: Profile, cand: Arm, ctrl: Arm | None) -> list[Arm]:
     return out
 
 
-def _check_local_path(ref: str, what: str) -> None:
-    if _looks_like_path(ref) and not Path(ref).expanduser().exists():
-        raise SpecdiagError(f"{what} path {ref} does not exist")
+def validate_inputs(profile: Profile, arms: list[Arm]) -> None:
+    """Before Prefect or any server starts: the host answers, and the paths the servers need are there on it, and
+    its port is free (or held by another diagnosis's server, which this one queues behind)."""
+    ex = executor_for(profile.host)
+    where = "on this machine" if profile.host.kind == "local" else f"on host {profile.host.name}"
+    try:
+        refs = [(profile.target.model, "target model")] + [
+            (a.spec.model, f"drafter {a.name!r}") for a in arms if a.spec and a.spec.model]
+        for ref, what in refs:
+            if _looks_like_path(ref) and not ref.startswith("embedded:") and not _exists(ex, ref):
+                raise SpecdiagError(f"{what} path {ref} does not exist {where}")
+        python = profile.engine_python
+        if python and "/" in python and not _exists(ex, python):
+            raise SpecdiagError(f"engine python {python} does not exist {where} (engine.python or hosts.<name>.python)")
+        _check_port(ex, profile.target.port, where)
+    finally:
+        ex.close()
 
 
-def validate_local_inputs(profile: Profile, arms: list[Arm]) -> None:
-    """Paths that must exist on this machine (the local host); remote hosts check on their side."""
-    if profile.host.kind != "local":
+def _exists(ex, path: str) -> bool:
+    if ex.host == LocalExecutor.host:
+        return Path(path).expanduser().exists()
+    return ex.run(["test", "-e", path], 30).returncode == 0
+
+
+def _check_port(ex, port: int, where: str) -> None:
+    if ex.port_free(port):
         return
-    _check_local_path(profile.target.model, "target model")
-    for arm in arms:
-        if arm.spec and arm.spec.model and not arm.spec.model.startswith("embedded:"):
-            _check_local_path(arm.spec.model, f"drafter {arm.name!r}")
-    python = profile.engine_python
-    if python and "/" in python and not Path(python).exists():
-        raise SpecdiagError(f"engine python {python} does not exist (engine.python or hosts.<name>.python)")
-    if not LocalExecutor().port_free(profile.target.port):
-        raise SpecdiagError(f"port {profile.target.port} is already in use on this machine: stop what holds it "
-                            f"(`fuser {profile.target.port}/tcp` shows it) or pick another with --port")
+    ours = [e for e in registry.launched(ex.host) if e.get("port") == port]
+    if not ours:
+        raise SpecdiagError(f"port {port} is already in use {where} by a program specdiag did not start: stop it "
+                            f"(`fuser {port}/tcp` shows it) or pick another port with --port")
+    live = [e for e in ours if registry.owner_alive(e)]
+    print(f"port {port} {where} is held by " + (
+        f"the server of another diagnosis (pid {live[0]['owner_pid']}): this one queues behind it" if live
+        else "a server left by a dead diagnosis: cleanup stops it before launch"))
 
 
 def resolved_target(profile: Profile) -> str:

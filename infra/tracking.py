@@ -6,6 +6,8 @@ Prefect tasks do not see it.
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import tempfile
 import time
 from contextlib import contextmanager
@@ -15,13 +17,60 @@ import pandas as pd
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from infra.config import PROJECT_ROOT
+from infra.config import PROJECT_ROOT, SpecdiagError
 
 MAX_PARAM = 6000
 
 
+def interruption(exc: BaseException) -> bool:
+    """Ctrl-C (KeyboardInterrupt), or SIGTERM / a Prefect cancellation (Prefect's TerminationSignal): not a fault of
+    the arm, and not an Exception, so `except Exception` lets it through to the `finally` blocks."""
+    return isinstance(exc, BaseException) and not isinstance(exc, (Exception, GeneratorExit))
+
+
+def signal_name(exc: BaseException) -> str:
+    sig = getattr(exc, "signal", None)  # Prefect's TerminationSignal carries the signal number
+    return signal.Signals(sig).name if sig else "SIGINT" if isinstance(exc, KeyboardInterrupt) else type(exc).__name__
+
+
+def interrupted_where(exc: BaseException) -> str:
+    """The note `Tracker.interrupts` left on the exception (or on the one it was raised from), if any."""
+    while exc is not None:
+        notes = getattr(exc, "__notes__", None)
+        if notes:
+            return notes[-1]
+        exc = exc.__cause__ or exc.__context__
+    return "before any arm started"
+
+
 def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
+
+
+MIN_FREE_MB = 200  # what a diagnosis's logs and tables need, with room to spare
+
+
+def check_store(uri: str | None = None) -> None:
+    """Before any server starts: the MLflow store can be reached and written, artifacts included, with room left."""
+    uri = uri or tracking_uri()
+    fix = "set MLFLOW_TRACKING_URI to a writable store (e.g. sqlite:///$HOME/specdiag/mlflow.db)"
+    try:
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    except Exception as exc:
+        raise SpecdiagError(f"MLflow store {uri} cannot be used ({str(exc).splitlines()[0][:200]}): {fix}") from None
+    if not uri.startswith("sqlite:///"):
+        return
+    artifacts = Path(uri[len("sqlite:///"):]).parent / "mlruns"  # where Tracker.experiment puts them
+    try:
+        artifacts.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=artifacts):
+            pass
+    except OSError as exc:
+        raise SpecdiagError(f"MLflow artifacts cannot be written to {artifacts} ({exc.strerror}): {fix}") from None
+    free_mb = shutil.disk_usage(artifacts).free / 2**20
+    if free_mb < MIN_FREE_MB:
+        raise SpecdiagError(f"the MLflow store's disk is full: {free_mb:.0f} MB free at {artifacts} "
+                            f"(a diagnosis needs {MIN_FREE_MB}): free space or {fix}")
 
 
 class Tracker:
@@ -73,18 +122,33 @@ class Tracker:
             self.client.log_artifact(run_id, str(path))
         self.client.log_table(run_id, frame, f"{Path(name).stem}.json")
 
-    def finish(self, run_id: str, ok: bool) -> None:
-        self.client.set_terminated(run_id, "FINISHED" if ok else "FAILED")
+    def finish(self, run_id: str, ok: bool, killed: bool = False) -> None:
+        self.client.set_terminated(run_id, "FINISHED" if ok else "KILLED" if killed else "FAILED")
 
     @contextmanager
     def terminated(self, run_id: str):
-        """The run ends FINISHED when the block completes, FAILED when it raises (Ctrl-C included)."""
-        ok = False
+        """The run ends FINISHED when the block completes, FAILED when it raises, KILLED when interrupted (Ctrl-C,
+        SIGTERM, a Prefect cancellation)."""
+        ok, killed = False, False
         try:
             yield
             ok = True
+        except BaseException as exc:
+            killed = interruption(exc)
+            raise
         finally:
-            self.finish(run_id, ok)
+            self.finish(run_id, ok, killed)
+
+    @contextmanager
+    def interrupts(self, parent: str, arm: str):
+        """An interruption inside the block names ARM on the parent run (tag specdiag.interrupted) and in a note."""
+        try:
+            yield
+        except BaseException as exc:
+            if interruption(exc):
+                self.tag(parent, "specdiag.interrupted", f"{arm} ({signal_name(exc)})")
+                exc.add_note(f"during arm {arm}")
+            raise
 
     def run_url(self, experiment_id: str, run_id: str) -> str:
         return f"mlflow ui --backend-store-uri {self.uri}  ->  #/experiments/{experiment_id}/runs/{run_id}"

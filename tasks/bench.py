@@ -129,13 +129,15 @@ async def _one(client: SseClient, path: str, body: dict, record: RequestRecord) 
 
 
 async def _run(base_url: str, cfg: BenchConfig, model: str, prompts: list[str], max_tokens: int,
-               stop_check: Callable[[list[RequestRecord], float], str] | None = None) -> BenchResult:
+               stop_check: Callable[[list[RequestRecord], float], str] | None = None,
+               records: list[RequestRecord] | None = None) -> BenchResult:
     """`cfg.concurrency` workers take prompts in order; with `request_rate`, request i starts no earlier than its
     Poisson arrival time; with `stop_check`, no new request starts once it gives a reason to stop."""
     tls = ssl.create_default_context() if base_url.startswith("https") else None  # built once, not per worker
     arrivals = np.cumsum(np.random.default_rng(0).exponential(1 / cfg.request_rate, len(prompts))) \
         if cfg.request_rate else np.zeros(len(prompts))
-    queue, records, stop = iter(enumerate(prompts)), [], {"reason": ""}
+    queue, stop = iter(enumerate(prompts)), {"reason": ""}
+    records = [] if records is None else records  # the caller's list keeps what finished if this is interrupted
     start = time.perf_counter()
 
     async def worker() -> None:
@@ -186,8 +188,13 @@ def benchmark(base_url: str, cfg: BenchConfig, prompts: list[str],
                                          BenchResult(ok, elapsed).request_tok_s(), drafts, rate, decisions,
                                          baseline_tok_s=baseline_tok_s, tok_s_judged=tok_s_judged))
 
-    result = asyncio.run(_run(base_url, cfg, served_model(base_url), prompts, cfg.max_tokens,
-                              stop_check if cfg.early_stop else None))
+    records, start = [], time.perf_counter()
+    try:
+        result = asyncio.run(_run(base_url, cfg, served_model(base_url), prompts, cfg.max_tokens,
+                                  stop_check if cfg.early_stop else None, records))
+    except BaseException as exc:  # Ctrl-C, SIGTERM: the requests that finished are still measured
+        exc.result = BenchResult(sorted(records, key=lambda r: r.index), time.perf_counter() - start)
+        raise
     if result.stop_reason:
         print(f"early stop after {len(result.records)} of {len(prompts)} requests: {result.stop_reason}")
     failed = [r for r in result.records if not r.ok]

@@ -24,6 +24,7 @@ class ArmResult:
     probe: str = ""  # the probe that derived this arm from the candidate, if any
     method: str = ""  # the speculative method (eagle3, draft_model, ngram, ...); "" for the baseline
     k: int = 0  # num_speculative_tokens; 0 for the baseline
+    interrupted: bool = False  # stopped by Ctrl-C, SIGTERM or a Prefect cancellation: the run ends KILLED
 
 
 @dataclass
@@ -64,4 +65,4 @@ def record_arm(tracker: Tracker, result: ArmResult, params: dict[str, str], ev: 
             tracker.text(run, ev.after.metrics_text, "metrics_after.txt")
         recorded = True
     finally:
-        tracker.finish(run, result.ok and recorded)
+        tracker.finish(run, result.ok and recorded, killed=result.interrupted)

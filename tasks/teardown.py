@@ -1,11 +1,14 @@
 """Stop the server and every process it forked; verify none is left; remove its /dev/shm leftovers."""
 from __future__ import annotations
 
+import os
+
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra import shm
+from infra import registry, shm
 from infra.config import SpecdiagError
+from infra.executor import Executor
 from infra.registry import forget
 from tasks.launch import Server
 
@@ -21,3 +24,12 @@ def teardown(server: Server) -> int:
     print(f"[{server.arm}] server {server.process.pid} stopped" +
           (f"; removed its /dev/shm leftovers {removed}" if removed else ""))
     return len(removed)
+
+
+def stop_unreturned(executor: Executor, arm: str) -> None:
+    """A server this process launched for ARM whose launch was interrupted before it was handed back (Ctrl-C
+    between the start and the return): found by its registry entry and stopped all the same."""
+    for entry in registry.launched(executor.host):
+        if entry["owner_pid"] == os.getpid() and entry["arm"] == arm:
+            executor.stop_group(entry["pgid"])
+            forget(entry["pid"], executor.host)

@@ -3,7 +3,7 @@ import socket
 
 import pytest
 
-from infra.arms import infer_method, plan_arms, plan_server, resolve_arm, validate_local_inputs
+from infra.arms import infer_method, plan_arms, plan_server, resolve_arm, validate_inputs
 from infra.config import SpecdiagError, load_profile
 
 
@@ -52,7 +52,7 @@ def test_missing_drafter_path_is_refused(tmp_path):
         resolve_arm(load_profile("demo"), str(tmp_path / "gone"), "candidate")
     p = load_profile("demo", sets=[f"drafters.x={{method: eagle3, model: {tmp_path / 'gone'}}}", "drafter=x"])
     with pytest.raises(SpecdiagError, match="drafter 'x' path .* does not exist"):
-        validate_local_inputs(p, plan_arms(p))
+        validate_inputs(p, plan_arms(p))
 
 
 def test_port_in_use_is_refused_before_launch():
@@ -60,8 +60,23 @@ def test_port_in_use_is_refused_before_launch():
         s.bind(("127.0.0.1", 0))
         s.listen()
         p = load_profile("demo", {"target.port": s.getsockname()[1]})
-        with pytest.raises(SpecdiagError, match="already in use"):
-            validate_local_inputs(p, plan_arms(p))
+        with pytest.raises(SpecdiagError, match="already in use .* specdiag did not start.*--port"):
+            validate_inputs(p, plan_arms(p))
+
+
+def test_port_held_by_another_diagnosis_queues_instead(tmp_path, monkeypatch, capsys):
+    """The port is busy because a live diagnosis's server holds it: this one waits for the host lock, not fails."""
+    from infra import registry
+
+    monkeypatch.setattr(registry, "_dir", lambda: tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        registry.remember(4242, 4242, "baseline", "local", "vllm serve", port)  # by this (live) process
+        p = load_profile("demo", {"target.port": port})
+        validate_inputs(p, plan_arms(p))
+        assert f"port {port} on this machine is held by the server of another diagnosis" in capsys.readouterr().out
 
 
 def test_kimi_server_command_is_the_seed_command(tmp_path):

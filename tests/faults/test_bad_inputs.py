@@ -1,0 +1,43 @@
+"""Bad stores, as a user meets them on the command line: one line naming the fix, exit 2, no traceback, and no
+Prefect or server started."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from infra import tracking
+from infra.config import SpecdiagError
+from tests.conftest import ROOT
+
+
+def _cli(uri: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    return subprocess.run([sys.executable, "flows/diagnose.py", "--drafter", "ngram", "--no-control"], cwd=ROOT,
+                          env=env, text=True, capture_output=True, timeout=300)
+
+
+def _one_line(done: subprocess.CompletedProcess, starts: str) -> None:
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("specdiag:")]
+    assert len(lines) == 1 and lines[0].startswith(starts), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "MLFLOW_TRACKING_URI" in lines[0]
+    assert "Beginning flow run" not in done.stdout + done.stderr  # refused before Prefect starts
+
+
+def test_a_store_that_cannot_be_created_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    _one_line(_cli(f"sqlite:///{tmp_path}/file/mlflow.db"), "specdiag: error: MLflow store sqlite:///")
+
+
+def test_artifacts_that_cannot_be_written_are_one_line(tmp_path):
+    (tmp_path / "mlruns").write_text("where the artifacts should go")
+    _one_line(_cli(f"sqlite:///{tmp_path}/mlflow.db"), "specdiag: error: MLflow artifacts cannot be written")
+
+
+def test_a_store_without_room_for_a_diagnosis_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(tracking, "MIN_FREE_MB", 2**40)  # more than any disk here has free
+    with pytest.raises(SpecdiagError, match=r"disk is full: \d+ MB free .*MLFLOW_TRACKING_URI"):
+        tracking.check_store(f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setattr(tracking, "MIN_FREE_MB", 1)
+    tracking.check_store(f"sqlite:///{tmp_path}/mlflow.db")

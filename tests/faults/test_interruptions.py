@@ -1,0 +1,132 @@
+"""Interruptions on real vLLM CPU servers: Ctrl-C, SIGTERM, and a flow process SIGKILLed, while another diagnosis
+waits for the host. Each ends with no server left, the host lock free, the runs' states and logs right."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from infra import registry
+from infra.executor import LocalExecutor
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.e2e
+ARGS = ("--drafter", "ngram", "--no-control", "--prompts", "2", "--max-tokens", "16")
+
+
+@dataclass
+class Running:
+    proc: subprocess.Popen
+    uri: str
+    log: object
+
+    def wait(self, timeout: float = 900) -> tuple[int, str]:
+        self.proc.wait(timeout)
+        self.log.seek(0)
+        return self.proc.returncode, self.log.read()
+
+    def output(self) -> str:
+        return (self.log.name and open(self.log.name).read()) or ""
+
+    def runs(self) -> dict:
+        client = MlflowClient(self.uri)
+        runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+        return {r.data.tags.get("specdiag.arm", "parent"): r for r in runs}
+
+
+@pytest.fixture
+def start(prefect_server, tmp_path):
+    """Start `python flows/diagnose.py` as a user does, each with its own MLflow store, on the test Prefect server."""
+    from prefect.settings import PREFECT_API_URL
+    started = []
+
+    def go(name: str, *args: str) -> Running:
+        uri = f"sqlite:///{tmp_path}/{name}.db"
+        env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PREFECT_API_URL": PREFECT_API_URL.value(),
+               "PYTHONUNBUFFERED": "1"}
+        log = open(tmp_path / f"{name}.out", "w+")
+        proc = subprocess.Popen([sys.executable, "flows/diagnose.py", *args], cwd=ROOT, env=env, text=True,
+                                stdout=log, stderr=subprocess.STDOUT)
+        started.append(proc)
+        return Running(proc, uri, log)
+    yield go
+    for proc in started:  # a failed assertion must not leave a diagnosis or its server running
+        if proc.poll() is None:
+            proc.kill()
+    for entry in registry.launched():
+        LocalExecutor().stop_group(entry["pgid"], grace_s=5)
+        registry.forget(entry["pid"])
+
+
+def _server_of(owner: int, timeout: float = 300) -> dict:
+    """The registry entry of the server a diagnosis process launched, once it is there."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        entry = next((e for e in registry.launched() if e["owner_pid"] == owner), None)
+        if entry:
+            return entry
+        time.sleep(0.2)
+    raise AssertionError(f"diagnosis {owner} launched no server in {timeout} s")
+
+
+def _until(check, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _gone(pgid: int) -> bool:
+    return LocalExecutor().group_pids(pgid) == []  # zombies aside: they are dead, only not yet reaped
+
+
+def test_ctrl_c_stops_the_server_and_the_queued_diagnosis_then_runs(start, no_servers_left):
+    first = start("first", *ARGS)
+    server = _server_of(first.proc.pid)
+    second = start("second", *ARGS)  # the host is taken by the first's server: it must queue, not fail
+    _until(lambda: "Beginning subflow run 'arm-baseline'" in second.output(), "the second to reach the host lock")
+    first.proc.send_signal(signal.SIGINT)  # Ctrl-C while the first's baseline server loads
+    code, out = first.wait(120)
+    assert code == 130, out[-3000:]
+    assert "specdiag: interrupted (SIGINT) during arm baseline: its server was stopped" in out
+    assert "Traceback" not in out.split("interrupted (SIGINT) during arm baseline:")[-1]
+    assert _gone(server["pgid"])
+    runs = first.runs()
+    assert runs["baseline"].info.status == "KILLED" and runs["parent"].info.status == "KILLED"
+    assert runs["parent"].data.tags["specdiag.interrupted"] == "baseline (SIGINT)"
+    assert "interrupted (SIGINT)" in runs["baseline"].data.tags["specdiag.error"]
+    artifacts = {a.path for a in MlflowClient(first.uri).list_artifacts(runs["baseline"].info.run_id)}
+    assert "baseline.server.log" in artifacts
+
+    code, out = second.wait()  # the lock was released: the second gets the host and completes
+    assert code == 0, out[-3000:]
+    runs = second.runs()
+    assert {a: r.info.status for a, r in runs.items()} == {"parent": "FINISHED", "baseline": "FINISHED",
+                                                           "ngram": "FINISHED"}
+    assert runs["baseline"].data.metrics["host_lock_wait_s"] > 0.5  # it waited for the host, it did not fail
+
+
+def test_a_killed_flow_is_cleaned_up_by_the_next_and_sigterm_ends_like_ctrl_c(start, no_servers_left):
+    dead = start("dead", *ARGS)
+    orphan = _server_of(dead.proc.pid)
+    dead.proc.kill()  # SIGKILL: no finally runs; its server (own process group) and its host lease outlive it
+    dead.wait(30)
+    assert not _gone(orphan["pgid"])
+
+    nxt = start("next", *ARGS)  # waits out the dead flow's lease, then its cleanup stops the orphan
+    server = _server_of(nxt.proc.pid, timeout=400)
+    assert _gone(orphan["pgid"])
+    time.sleep(3)
+    nxt.proc.send_signal(signal.SIGTERM)  # as `kill`, systemd or a Prefect worker stops it
+    code, out = nxt.wait(120)
+    assert code == 130, out[-3000:]
+    assert f"stopping stale server pid {orphan['pid']}" in out
+    assert "specdiag: interrupted (SIGTERM) during arm baseline" in out
+    assert _gone(server["pgid"])
+    runs = nxt.runs()
+    assert runs["baseline"].info.status == "KILLED" and runs["parent"].info.status == "KILLED"
+    assert runs["baseline"].data.metrics["stale_servers_stopped"] == 1
