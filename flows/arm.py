@@ -115,4 +115,3 @@ def _fetch(executor, path: str, dest_dir: Path) -> Path:
     except Exception as exc:  # a log that cannot be fetched must not hide what was measured
         print(f"could not fetch {path} from {executor.host}: {exc}")
         return dest_dir / Path(path).name
-

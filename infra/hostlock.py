@@ -120,24 +120,24 @@ def reclaim_dead(client, names: list[str]) -> None:
     we share is released by its id (so a server that expires leases does not give it back twice); one that lived on
     the dead process's own temporary server (whose database the temporary servers share) is gone with it, and its
     slots are decremented directly. A record from some other server is only dropped."""
+    ours = _api()
     for record in _holders().glob("*.json"):
         try:
             entry = json.loads(record.read_text())
             if not set(entry["names"]) & set(names) or entry["machine"] != socket.gethostname() \
                     or registry.owner_alive(entry):
                 continue
-            if entry["api"] == _api():
+            if entry["api"] == ours:
                 client.release_concurrency_slots_with_lease(UUID(entry["lease"]))
-            elif entry["api"].startswith("ephemeral:") and _api().startswith("ephemeral:"):
+            elif entry["api"].startswith("ephemeral:") and ours.startswith("ephemeral:"):
                 client.release_concurrency_slots(entry["names"], entry["occupy"], max(1.0, time.time() - entry["since"]))
             else:
-                record.unlink(missing_ok=True)
-                continue
+                entry = None  # another server's lease: not ours to give back
         except (OSError, ValueError, KeyError, TypeError):  # unreadable or from an older specdiag: not evidence
-            record.unlink(missing_ok=True)
-            continue
+            entry = None
         record.unlink(missing_ok=True)
-        print(f"gave back {', '.join(entry['names'])}: diagnosis pid {entry['owner_pid']} died holding them")
+        if entry:
+            print(f"gave back {', '.join(entry['names'])}: diagnosis pid {entry['owner_pid']} died holding them")
 
 
 @contextmanager

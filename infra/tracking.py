@@ -25,7 +25,7 @@ MAX_PARAM = 6000
 def interruption(exc: BaseException) -> bool:
     """Ctrl-C (KeyboardInterrupt), or SIGTERM / a Prefect cancellation (Prefect's TerminationSignal): not a fault of
     the arm, and not an Exception, so `except Exception` lets it through to the `finally` blocks."""
-    return isinstance(exc, BaseException) and not isinstance(exc, (Exception, GeneratorExit))
+    return not isinstance(exc, (Exception, GeneratorExit))
 
 
 def signal_name(exc: BaseException) -> str:

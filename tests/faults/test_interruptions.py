@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -30,7 +31,7 @@ class Running:
         return self.proc.returncode, self.log.read()
 
     def output(self) -> str:
-        return (self.log.name and open(self.log.name).read()) or ""
+        return Path(self.log.name).read_text()
 
     def runs(self) -> dict:
         client = MlflowClient(self.uri)
