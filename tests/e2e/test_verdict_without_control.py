@@ -1,5 +1,7 @@
 """Short diagnoses without a control: a config that silently does nothing, a drafter that costs more than it saves,
 a checkpoint stopped before its load."""
+import re
+
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -34,7 +36,11 @@ def test_self_drafting_is_draft_overhead_and_a_short_context_drafter_is_context_
     assert m["spec_requests"] == 8 and m["acceptance_rate_req"] == pytest.approx(m["acceptance_rate"], abs=0.02)
     assert done.parent.data.tags["specdiag.verdict"] == "draft_overhead"
     verdict = done.artifact_text(done.parent, "verdict.md")
-    assert "tokens per step at k=4" in verdict and "measured" in verdict and "pays off" in verdict
+    assert "tokens per step at k=4" in verdict and "the measured speedup is" in verdict
+    # what to do next hangs on the host: a smaller k predicted to gain 1.1x or more, or none pays off
+    advice = verdict.split("Next:")[1]
+    paying = re.search(r"serve it with k=([123]) \(predicted (\d+\.\d+)x\)", advice)
+    assert "no k pays off" in advice or (paying and float(paying[2]) >= 1.1), advice
     short = done.arms["smol-self-short"].data
     assert short.tags["specdiag.arm_verdict"] == "context_limit"
     before = short.metrics["seqpos_0_accepted"] / short.metrics["seqpos_0_drafted"]
