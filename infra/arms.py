@@ -130,8 +130,25 @@ def validate_inputs(profile: Profile, arms: list[Arm]) -> None:
         if python and "/" in python and not _exists(ex, python):
             raise SpecdiagError(f"engine python {python} does not exist {where} (engine.python or hosts.<name>.python)")
         _check_port(ex, profile.target.port, where)
+        _check_extra(ex, python if python or profile.host.kind != "local" else embedded.engine_python(), arms, where)
     finally:
         ex.close()
+
+
+def _check_extra(ex, python: str | None, arms: list[Arm], where: str) -> None:
+    """A drafter's extra speculative settings, checked by the engine's own rules on the host that serves them."""
+    extras = {a.name: a.spec.extra for a in arms if a.spec and a.spec.extra}
+    if not extras or not python:
+        return
+    try:
+        refused = vllm.check_extra_settings(ex, python, extras)
+    except RuntimeError as exc:
+        print(f"{exc} {where}; the drafters' extra settings are checked when their servers start")
+        return
+    if refused:
+        each = "; ".join(f"drafter {arm!r}: {', '.join(errors)}" for arm, errors in refused.items())
+        raise SpecdiagError(f"the engine {where} refuses these extra speculative settings: {each}. Fix 'extra' under "
+                            "the profile's drafters, or with --set drafters.NAME.extra.KEY=VALUE")
 
 
 def _exists(ex, path: str) -> bool:

@@ -42,6 +42,45 @@ def server_env(env: dict[str, str]) -> dict[str, str]:
     return out
 
 
+# vLLM parses --speculative-config into its own pydantic dataclass (extra keys forbidden), but only once the server
+# starts. These are the engine's own field rules, run by the host's engine Python on a drafter's 'extra' keys before
+# any server starts: a typo costs seconds, not a load. Output: one JSON line, arm -> its errors.
+_CHECK_EXTRA = r"""
+import dataclasses, difflib, json, sys
+from typing import Annotated
+try:
+    from vllm.config.speculative import SpeculativeConfig
+except ImportError:
+    from vllm.config import SpeculativeConfig
+import pydantic
+fields = getattr(SpeculativeConfig, "__pydantic_fields__", None)
+names = sorted(fields) if fields is not None else sorted(f.name for f in dataclasses.fields(SpeculativeConfig))
+out = {}
+for arm, extra in json.loads(sys.argv[1]).items():
+    for key, value in extra.items():
+        if key not in names:
+            near = difflib.get_close_matches(key, names, 3)
+            out.setdefault(arm, []).append(f"unknown key {key!r}" + (f" (did you mean {' or '.join(near)}?)" if near else ""))
+        elif fields is not None:
+            f = fields[key]
+            try:
+                pydantic.TypeAdapter(Annotated[(f.annotation, *f.metadata)]).validate_python(value)
+            except pydantic.ValidationError as exc:
+                out.setdefault(arm, []).append(f"{key}={value!r}: {exc.errors()[0]['msg']}")
+print("SPECDIAG_EXTRA " + json.dumps(out))
+"""
+
+
+def check_extra_settings(ex, python: str, extras: dict[str, dict]) -> dict[str, list[str]]:
+    """Per arm, what the engine on this host would refuse in its drafter's extra speculative settings."""
+    done = ex.run([python, "-c", _CHECK_EXTRA, json.dumps(extras)], 180)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("SPECDIAG_EXTRA ")), None)
+    if line is None:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+        raise RuntimeError(f"the engine's speculative settings could not be read: {tail[0]}")
+    return json.loads(line.split(" ", 1)[1])
+
+
 @dataclass
 class SpecCounters:
     """Cumulative spec-decode counters from one /metrics scrape, summed over engines."""

@@ -41,3 +41,20 @@ def test_a_store_without_room_for_a_diagnosis_is_refused(tmp_path, monkeypatch):
         tracking.check_store(f"sqlite:///{tmp_path}/mlflow.db")
     monkeypatch.setattr(tracking, "MIN_FREE_MB", 1)
     tracking.check_store(f"sqlite:///{tmp_path}/mlflow.db")
+
+
+def test_extra_settings_the_engine_would_refuse_are_one_line_before_any_server(tmp_path):
+    """A typo in a drafter's extra speculative settings and a value out of range, judged by the installed engine's
+    own SpeculativeConfig rules (vLLM forbids unknown keys, but only once the server starts)."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+    done = subprocess.run([sys.executable, "flows/diagnose.py", "--drafter", "ngram", "--no-control", "--arms",
+                           "ngram-never", "--set", "drafters.ngram.extra.prompt_lookup_mn=2",
+                           "--set", "drafters.ngram-never.extra.prompt_lookup_min=0"],
+                          cwd=ROOT, env=env, text=True, capture_output=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("specdiag:")]
+    assert len(lines) == 1, done.stderr[-2000:]
+    assert "drafter 'ngram': unknown key 'prompt_lookup_mn' (did you mean prompt_lookup_min" in lines[0]
+    assert "drafter 'ngram-never': prompt_lookup_min=0: Input should be greater than or equal to 1" in lines[0]
+    assert "--set drafters.NAME.extra.KEY=VALUE" in lines[0]
+    assert "Beginning flow run" not in done.stdout + done.stderr  # refused before Prefect or a server starts

@@ -112,3 +112,17 @@ def test_a_cached_model_built_from_an_older_fixture_is_built_again(tmp_path, mon
     assert embedded._built_once("head", ".from-aaa", build) == first and len(builds) == 1
     again = embedded._built_once("head", ".from-bbb", build)  # the fixture changed
     assert len(builds) == 2 and (again / ".from-bbb").exists() and not (again / ".from-aaa").exists()
+
+
+def test_extra_settings_are_left_to_the_server_when_the_engine_cannot_be_read(capsys):
+    """An engine Python without vLLM (a wrong hosts.<name>.python is caught elsewhere): a note, not a refusal."""
+    import sys
+
+    from infra.arms import Arm, _check_extra
+    from infra.config import DrafterConfig
+    from infra.executor import LocalExecutor
+
+    arm = Arm("ngram", "candidate", "ngram", DrafterConfig(method="ngram", extra={"prompt_lookup_min": 2}))
+    _check_extra(LocalExecutor(), sys.executable, [arm], "on this machine")
+    assert "the engine's speculative settings could not be read: ModuleNotFoundError: No module named 'vllm'" \
+        in capsys.readouterr().out
