@@ -1,5 +1,6 @@
 """One arm: cleanup -> launch -> wait -> warmup -> scrape -> bench -> scrape -> teardown -> record."""
-from __future__ import annotations
+# No `from __future__ import annotations` here: a served run's process gets this flow's function pickled by value,
+# with only the globals its code uses, so string annotations ('Profile') cannot be resolved there.
 
 import time
 from contextlib import ExitStack

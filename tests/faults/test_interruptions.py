@@ -131,3 +131,55 @@ def test_a_killed_flow_is_cleaned_up_by_the_next_and_sigterm_ends_like_ctrl_c(st
     runs = nxt.runs()
     assert runs["baseline"].info.status == "KILLED" and runs["parent"].info.status == "KILLED"
     assert runs["baseline"].data.metrics["stale_servers_stopped"] == 1
+
+
+def test_a_prefect_cancellation_of_a_deployment_run_ends_like_ctrl_c(prefect_server, tmp_path, no_servers_left):
+    """`python flows/diagnose.py --serve` runs the deployment; a run started from it as the UI's Run button does is
+    cancelled as the UI's Cancel button does, while its baseline server loads: the runner's SIGTERM reaches the
+    flow run, which stops its server and ends its MLflow runs KILLED; Prefect calls the run Cancelled."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.settings import PREFECT_API_URL
+    from prefect.states import Cancelling
+
+    uri = f"sqlite:///{tmp_path}/served.db"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PREFECT_API_URL": PREFECT_API_URL.value(),
+           "PYTHONUNBUFFERED": "1"}
+    log = open(tmp_path / "serve.out", "w+")
+    serve = subprocess.Popen([sys.executable, "flows/diagnose.py", "--serve"], cwd=ROOT, env=env, text=True,
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        with get_client(sync_client=True) as client:
+            def deployed():
+                try:
+                    return client.read_deployment_by_name("diagnose/diagnose")
+                except Exception:
+                    return None
+            _until(deployed, "the served deployment", timeout=180)
+            run = client.create_flow_run_from_deployment(deployed().id, parameters={
+                "drafter": "ngram", "control": "", "sets": ["bench.num_prompts=2", "bench.max_tokens=16"]})
+            server = _server_of_run(client, run.id, 300)
+            client.set_flow_run_state(run.id, Cancelling(message="cancelled from the UI"))
+            _until(lambda: client.read_flow_run(run.id).state.type == StateType.CANCELLED, "Cancelled", 180)
+        _until(lambda: _gone(server["pgid"]), "the server to be stopped", 60)
+        runs = Running(serve, uri, log).runs()
+        assert runs["baseline"].info.status == "KILLED" and runs["parent"].info.status == "KILLED", \
+            Path(log.name).read_text()[-3000:]
+        assert runs["parent"].data.tags["specdiag.interrupted"] == "baseline (SIGTERM)"
+        artifacts = {a.path for a in MlflowClient(uri).list_artifacts(runs["baseline"].info.run_id)}
+        assert "baseline.server.log" in artifacts
+    finally:
+        os.killpg(serve.pid, signal.SIGKILL)
+        serve.wait(30)
+
+
+def _server_of_run(client, run_id, timeout: float) -> dict:
+    """The server a deployment run launched, once there; its state and the serve log if it ends before that."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if registry.launched():
+            return registry.launched()[0]
+        state = client.read_flow_run(run_id).state
+        assert not state.is_final(), f"the run ended {state.type.value} before a server: {state.message}"
+        time.sleep(0.5)
+    raise AssertionError(f"no server launched in {timeout} s")
