@@ -59,10 +59,10 @@ def _api() -> str:
 
 
 def _acquire(client, names: list[str], occupy: int, what: str, progress_s: float):
-    """Poll for the slots (all at once, or none) until they are ours; print what it waits for every progress_s and
-    give back the slots of holders that died."""
+    """Poll for the slots (all at once, or none) until they are ours; print what it waits for at once and every
+    progress_s after, and give back the slots of holders that died."""
     start = time.monotonic()
-    next_print = start + progress_s
+    next_print = start
     while True:
         try:
             resp = client.increment_concurrency_slots_with_lease(names, occupy, "concurrency", LEASE_S)
