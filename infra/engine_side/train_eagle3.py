@@ -14,6 +14,7 @@ import argparse
 import itertools
 import json
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -58,14 +59,51 @@ def log(msg: str) -> None:
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # a GPU when there is one (the H200)
 
 
-def build_data(target: str, n_prompts: int, max_new: int):
-    model, tok = load_target(target)
+ASK = ["Write a question that a curious person might ask about {}. Reply with the question only.",
+       "Write a request that someone might send to a helpful assistant about {}. Reply with the request only.",
+       "Suggest one task for an AI assistant that involves {}: writing, explaining, comparing, planning or "
+       "coding. Reply with the task only."]
+
+
+@torch.inference_mode()
+def self_instruct(model, tok, n: int, batch: int = 256) -> list[str]:
+    """N prompts the target writes itself (sampled), on the SUBJECTS, asked in ASK's ways: the variety of a chat
+    dataset, in the target's own words, with none of the benchmark's prompts."""
+    rng = random.Random(1)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    out, seen = [], set()
+    while len(out) < n:
+        chunk = [encode(tok, rng.choice(ASK).format(rng.choice(SUBJECTS)), chat=True) for _ in range(batch)]
+        width = max(len(c) for c in chunk)
+        ids = torch.tensor([[pad] * (width - len(c)) + c for c in chunk], device=DEVICE)
+        mask = (torch.arange(width, device=DEVICE)[None] >= torch.tensor([width - len(c) for c in chunk],
+                                                                           device=DEVICE)[:, None]).long()
+        gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=48, do_sample=True,
+                             temperature=0.9, top_p=0.95, pad_token_id=pad)
+        for row in tok.batch_decode(gen[:, width:], skip_special_tokens=True):
+            text = row.strip().split("\n")[0].strip()
+            quoted = re.search(r'"([^"]{15,200})', text)  # 'A curious person might ask, "How do ...?"'
+            text = re.sub(r"^(question|request|task)\s*:\s*", "", quoted[1] if quoted else text, flags=re.I).strip()
+            if 15 <= len(text) <= 200 and text.lower() not in seen:
+                seen.add(text.lower())
+                out.append(text)
+    return out[:n]
+
+
+def build_data(target: str, n_prompts: int, max_new: int, n_self: int = 0, dtype=torch.float32):
+    model, tok = load_target(target, dtype=dtype)
     model.to(DEVICE)
     prompts = [t.format(s) for s, t in itertools.product(SUBJECTS, TEMPLATES)]
     random.Random(0).shuffle(prompts)
-    encoded = [encode(tok, p, chat=True) for p in prompts[:n_prompts]]
+    prompts = prompts[:n_prompts]
+    if n_self:
+        start = time.monotonic()
+        prompts += self_instruct(model, tok, n_self)
+        log(f"{n_self} prompts written by the target in {time.monotonic() - start:.0f} s, e.g. {prompts[-3:]}")
+        random.Random(2).shuffle(prompts)
+    encoded = [encode(tok, p, chat=True) for p in prompts]
     start = time.monotonic()
-    pairs = greedy(model, tok, encoded, max_new, batch=64)
+    pairs = greedy(model, tok, encoded, max_new, batch=128 if DEVICE.type == "cuda" else 64)
     log(f"greedy answers: {sum(len(g) for _, g in pairs)} tokens in {time.monotonic() - start:.0f} s")
     data = []
     for prompt, gen in pairs:
@@ -75,8 +113,22 @@ def build_data(target: str, n_prompts: int, max_new: int):
         aux = torch.cat([out.hidden_states[k][0] for k in LAYERS], -1)
         labels = out.logits[0].argmax(-1)  # the target's next token at every position
         data.append((torch.tensor(ids, device=DEVICE), aux.to(torch.bfloat16), labels))
-    embed = model.get_input_embeddings().weight.detach().clone()
+    embed = model.get_input_embeddings().weight.detach().clone().float()
     return model, data, embed
+
+
+def packed(data, limit: int):
+    """Sequences joined up to LIMIT positions, so one step trains on several (a GPU idles on one short sequence);
+    a drafter step then also sees the end of the sequence before, as a long chat does."""
+    out, cur = [], []
+    for seq in data:
+        if cur and sum(len(i) for i, _, _ in cur) + len(seq[0]) > limit:
+            out.append(tuple(torch.cat(parts) for parts in zip(*cur)))
+            cur = []
+        cur.append(seq)
+    if cur:
+        out.append(tuple(torch.cat(parts) for parts in zip(*cur)))
+    return out
 
 
 def draft_vocab(data, size: int, vocab: int) -> torch.Tensor:
@@ -131,12 +183,14 @@ def step_losses(d: Eagle3, ids, aux, labels, t2d_index):
     return out
 
 
-def train(d: Eagle3, data, epochs: int, vocab: int, deadline: float = float("inf")):
-    """deadline: time.monotonic() after which no new epoch starts (a machine lent for a few minutes)."""
+def train(d: Eagle3, data, epochs: int, vocab: int, deadline: float = float("inf"), pack: int = 0):
+    """deadline: time.monotonic() after which no new epoch starts (a machine lent for a few minutes).
+    pack: join training sequences up to this many positions per step (0: one sequence per step)."""
     t2d_index = torch.full((vocab,), -1, dtype=torch.long, device=DEVICE)
     kept = torch.nonzero(d.t2d).squeeze(1)
     t2d_index[kept] = torch.arange(len(kept), device=DEVICE)
     val, tr = data[: max(4, len(data) // 10)], data[max(4, len(data) // 10):]
+    tr = packed(tr, pack) if pack else tr
     params = [p for p in d.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
     total = epochs * len(tr)
@@ -197,6 +251,10 @@ def main() -> None:
     ap.add_argument("--keep-data", action="store_true", help="keep OUT/data.pt to retrain without regenerating")
     ap.add_argument("--extra-data", type=Path, action="append", default=[],
                     help="a data.pt kept from an earlier run (--keep-data) to train on as well")
+    ap.add_argument("--self-instruct", type=int, default=0, help="add N prompts the target writes itself")
+    ap.add_argument("--data-dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="the target's dtype for the data (bfloat16: as the demo server runs it)")
+    ap.add_argument("--pack", type=int, default=0, help="join sequences up to N positions per training step")
     args = ap.parse_args()
     torch.manual_seed(0)
     start = time.monotonic()
@@ -206,7 +264,8 @@ def main() -> None:
         model.to(DEVICE)
         data, embed = torch.load(cache, map_location=DEVICE)
     else:
-        model, data, embed = build_data(args.target, args.prompts, args.max_new)
+        model, data, embed = build_data(args.target, args.prompts, args.max_new, args.self_instruct,
+                                        getattr(torch, args.data_dtype))
         args.out.mkdir(parents=True, exist_ok=True)
         torch.save((data, embed), cache)
     for extra in args.extra_data:
@@ -214,7 +273,7 @@ def main() -> None:
     log(f"data: {len(data)} sequences, {sum(len(i) for i, _, _ in data)} positions")
     kept = draft_vocab(data, args.draft_vocab, embed.shape[0])
     d = init_drafter(model, embed, kept)
-    acc = train(d, data, args.epochs, embed.shape[0], start + args.deadline_s)
+    acc = train(d, data, args.epochs, embed.shape[0], start + args.deadline_s, args.pack)
     save(d, args.out, {"val_accuracy_per_step": acc, "sequences": len(data), "epochs": args.epochs,
                        "device": torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu",
                        "positions": sum(len(i) for i, _, _ in data), "argv": sys.argv[1:],
