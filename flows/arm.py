@@ -35,7 +35,8 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
     tracker = Tracker(tracking_uri)
     tags = {"specdiag.kind": "arm", "specdiag.arm": arm.name, "specdiag.drafter": arm.drafter or "none",
             "specdiag.role": arm.role, "specdiag.probe": arm.probe or "none"}
-    result = ArmResult(arm.name, arm.role, tracker.start(experiment_id, arm.name, tags, parent=parent_run_id),
+    run_name = arm.name if arm.role == "baseline" else f"{arm.role}: {arm.name}"  # the MLflow table's first column
+    result = ArmResult(arm.name, arm.role, tracker.start(experiment_id, run_name, tags, parent=parent_run_id),
                        probe=arm.probe, method=arm.spec.method if arm.spec else "",
                        k=arm.spec.num_speculative_tokens if arm.spec else 0)
     bench_cfg = cfg.bench.model_copy(update={"endpoint": arm.endpoint}) if arm.endpoint else cfg.bench

@@ -23,7 +23,7 @@ from infra.arms import plan_arms, resolved_drafters, resolved_target, run_dir, v
 from infra.config import SpecdiagError, load_profile
 from infra.tracking import Tracker, check_store, interrupted_where, interruption, signal_name
 from infra.promptsets import load as load_prompts
-from tasks.compare import compare
+from tasks.compare import compare, comparison_markdown
 from tasks.inspect import findings_markdown, inspect_arms
 from tasks.offline import offline_eval
 from tasks.plots import plots
@@ -66,6 +66,7 @@ def diagnose(profile: str = "demo", drafter: str | None = None, control: str | N
                                        offline.metrics.get(arm.name), base, blockers))
         table = compare(tracker, parent, results)
         decision = verdict(tracker, parent, results, findings, offline)
+        tracker.note(parent, decision.markdown() + "\n\n## Arms\n\n" + comparison_markdown(table))
         plots(tracker, parent, results)
         tracker.metrics(parent, {"diagnosis_wall_s": time.monotonic() - start})
     print("\n" + table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))

@@ -73,19 +73,33 @@ def check_store(uri: str | None = None) -> None:
                             f"(a diagnosis needs {MIN_FREE_MB}): free space or {fix}")
 
 
+EXPERIMENT_KIND = "mlflow.experimentKind"  # MLflow 3's UI picks GenAI or model-development views from it
+NOTE = "mlflow.note.content"
+
+
 class Tracker:
     def __init__(self, uri: str | None = None):
         self.uri = uri or tracking_uri()
         self.client = MlflowClient(tracking_uri=self.uri)
 
     def experiment(self, name: str) -> str:
+        """The profile's experiment, tagged so that MLflow's UI opens it as ordinary runs (not its GenAI views)."""
         found = self.client.get_experiment_by_name(name)
-        if found:
+        if found and found.tags.get(EXPERIMENT_KIND) == "custom_model_development":
             return found.experiment_id
         location = None
         if self.uri.startswith("sqlite:///"):  # artifacts in mlruns/ beside the database
             location = (Path(self.uri[len("sqlite:///"):]).parent / "mlruns").as_uri()
-        return self.client.create_experiment(name, artifact_location=location)
+        eid = found.experiment_id if found else self.client.create_experiment(name, artifact_location=location)
+        self.client.set_experiment_tag(eid, EXPERIMENT_KIND, "custom_model_development")
+        self.client.set_experiment_tag(eid, NOTE, f"specdiag diagnoses on profile {name!r}: each top-level run is one "
+                                       "diagnosis (its description is the verdict and the comparison); its child runs "
+                                       "are the arms (baseline, candidate, control, extras, probes), one server each.")
+        return eid
+
+    def note(self, run_id: str, text: str) -> None:
+        """The run's description: what its page in MLflow opens on."""
+        self.client.set_tag(run_id, NOTE, text)
 
     def start(self, experiment_id: str, name: str, tags: dict[str, str], parent: str | None = None) -> str:
         if parent:

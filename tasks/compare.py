@@ -25,7 +25,7 @@ def comparison_table(results: list[ArmResult]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _markdown(frame: pd.DataFrame) -> str:
+def comparison_markdown(frame: pd.DataFrame) -> str:
     cells = frame.astype(object).where(frame.notna(), "-")
     fmt = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row] for row in cells.values.tolist()]
     lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
@@ -39,7 +39,7 @@ def compare(tracker: Tracker, parent_run_id: str, results: list[ArmResult]) -> p
         if "speedup_vs_baseline" in r.metrics:
             tracker.metrics(r.run_id, {"speedup_vs_baseline": r.metrics["speedup_vs_baseline"]})
     failed = [f"- {r.arm}: {r.error.splitlines()[0] if r.error else 'failed'}" for r in results if not r.ok]
-    report = _markdown(frame) + ("\n\nFailed arms:\n" + "\n".join(failed) if failed else "")
+    report = comparison_markdown(frame) + ("\n\nFailed arms:\n" + "\n".join(failed) if failed else "")
     tracker.table(parent_run_id, frame, "comparison.csv")
     tracker.text(parent_run_id, report, "comparison.md")
     create_markdown_artifact(report, key="specdiag-comparison", description="specdiag arm comparison")

@@ -21,6 +21,11 @@ def test_demo_diagnosis_records_every_arm(cli, no_servers_left):
         "throughput.png"}
     # the permuted vocabulary is named as the cause: static embedding check + near-zero served acceptance
     assert parent.data.tags["specdiag.verdict"] == "vocab_mismatch"
+    # the run page opens on the verdict and the comparison; the experiment opens as ordinary runs; arms by role
+    note = parent.data.tags["mlflow.note.content"]
+    assert note.startswith("# Verdict: `vocab_mismatch`") and "| smol-permuted | candidate | ok |" in note
+    assert client.get_experiment(parent.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert {r.info.run_name for r in arms.values()} == {"baseline", "candidate: smol-permuted", "control: smol-self"}
 
     for name, run in arms.items():
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id

@@ -57,3 +57,18 @@ def test_a_failure_while_recording_still_ends_the_run(tmp_path):
     with pytest.raises(TypeError):
         record_arm.fn(tracker, ArmResult("cand", "candidate", run, ok=True), {}, ArmEvidence(log_path=123))
     assert tracker.client.get_run(run).info.status == "FAILED"
+
+
+def test_the_experiment_opens_as_ordinary_runs_with_a_description_also_when_made_before(tmp_path):
+    """MLflow 3's UI opens an experiment without 'mlflow.experimentKind' in its GenAI views ("Evaluations",
+    "Training runs"); one made by an older specdiag gets the tag on its next diagnosis."""
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    old = tracker.client.create_experiment("older")
+    for name in ("fresh", "older"):
+        exp = tracker.client.get_experiment(tracker.experiment(name))
+        assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+        assert exp.tags["mlflow.note.content"].startswith(f"specdiag diagnoses on profile {name!r}")
+    assert tracker.experiment("older") == old
+    run = tracker.start(old, "p", {})
+    tracker.note(run, "# Verdict: `healthy`")
+    assert tracker.client.get_run(run).data.tags["mlflow.note.content"] == "# Verdict: `healthy`"
