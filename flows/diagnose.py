@@ -1,12 +1,11 @@
 """specdiag: why is speculative decoding disappointing? One controlled, tracked experiment per arm."""
-from __future__ import annotations
-
 import json
 import os
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
 if __package__ in (None, ""):  # run as `python flows/diagnose.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -20,7 +19,7 @@ from prefect.exceptions import TerminationSignal  # noqa: E402
 
 from flows.arm import run_arm
 from infra.arms import plan_arms, resolved_drafters, resolved_target, run_dir, validate_inputs
-from infra.config import SpecdiagError, load_profile
+from infra.config import DrafterRef, ProfileRef, SpecdiagError, load_profile
 from infra.tracking import Tracker, check_store, interrupted_where, interruption, signal_name
 from infra.promptsets import load as load_prompts
 from tasks.compare import compare, comparison_markdown
@@ -42,8 +41,19 @@ def prepare(profile: str = "demo", overrides: dict | None = None, sets: list[str
 
 
 @flow(name="diagnose", log_prints=True)
-def diagnose(profile: str = "demo", drafter: str | None = None, control: str | None = None,
-             arms: list[str] | None = None, sets: list[str] | None = None) -> list[ArmResult]:
+def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
+             control: DrafterRef | Literal[""] | None = None, arms: list[DrafterRef] | None = None,
+             sets: list[str] | None = None) -> list[ArmResult]:
+    """Baseline vs candidate drafter vs known-good control, each on a fresh server, recorded in MLflow.
+
+    Args:
+        profile: a profile under infra/profiles (target, drafters, hosts, benchmark), or the path of a YAML file
+        drafter: the candidate: a drafter the profile names, or a checkpoint folder's path on the host
+        control: the known-good control, as drafter; empty for none; unset for the profile's own
+        arms: extra drafter arms after the control
+        sets: profile fields to override, each KEY=VALUE with a dotted key, e.g. bench.max_tokens=64,
+            bench.num_prompts=8, host=gpu-box, probes=[k_sweep]
+    """
     start = time.monotonic()
     cfg, plan, prompts = prepare(profile, {"drafter": drafter, "control": control, "arms": arms}, sets)
     tracker = Tracker()
@@ -100,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                         if v is not None and k not in ("drafter", "control", "arms")]
     signal.signal(signal.SIGTERM, _terminated)  # SIGTERM ends like Ctrl-C (Prefect re-raises it here after its own)
     try:
-        results = diagnose(args.profile, cfg.drafter, cfg.control, cfg.arms, sets)
+        # checked by prepare() already, and a profile of the user's own may name drafters the form's choices lack
+        results = diagnose.with_options(validate_parameters=False)(args.profile, cfg.drafter, cfg.control,
+                                                                     cfg.arms, sets)
     except SpecdiagError as exc:  # e.g. the engine environment could not be built
         print(f"specdiag: error: {exc}", file=sys.stderr)
         return 2

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -194,6 +194,21 @@ class Profile(_Strict):
 
 def known_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def known_drafters() -> list[str]:
+    """Every drafter the shipped profiles name: the choices a deployment's form offers."""
+    names: set[str] = set()
+    for name in known_profiles():
+        data = yaml.safe_load((PROFILES_DIR / f"{name}.yaml").read_text()) or {}
+        names |= set(data.get("drafters") or {})
+    return sorted(names)
+
+
+# What a deployment's form takes, as JSON schema the Prefect server enforces: a shipped profile or a YAML path; a
+# shipped drafter or a checkpoint folder's path (absolute, ~ or ./), as on the command line.
+ProfileRef = Union[Literal[tuple(known_profiles())], Annotated[str, StringConstraints(pattern=r"\.ya?ml$")]]
+DrafterRef = Union[Literal[tuple(known_drafters())], Annotated[str, StringConstraints(pattern=r"^(/|~|\.\.?/)")]]
 
 
 def _set_dotted(data: dict, dotted: str, raw: str) -> None:

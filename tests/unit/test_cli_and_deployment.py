@@ -51,3 +51,24 @@ def test_probe_host_prompt_set_and_early_stop_flags_reach_the_profile():
     cfg, arms, prompts = prepare("demo", overrides(args), [])
     assert cfg.probes == ["raw_prompts", "k_sweep"] and cfg.bench.prompts == "math" and cfg.bench.early_stop
     assert "smol-eagle3@raw" in [a.name for a in arms]
+
+
+def test_the_deployment_form_offers_choices_and_the_server_refuses_a_bad_drafter(prefect_server):
+    """The parameters as the Prefect UI's form submits them, through a real Prefect server that enforces the
+    deployment's schema: choices with help, `sets` documented, a checkpoint path accepted, a typo refused."""
+    from prefect.client.orchestration import get_client
+
+    from flows.diagnose import diagnose
+
+    deployment_id = diagnose.to_deployment("form").apply()
+    with get_client(sync_client=True) as client:
+        form = client.read_deployment(deployment_id).parameter_openapi_schema["properties"]
+        assert "demo" in form["profile"]["anyOf"][0]["enum"] and "smol-permuted" in form["drafter"]["anyOf"][0]["enum"]
+        assert "KEY=VALUE" in form["sets"]["description"] and "checkpoint" in form["drafter"]["description"]
+        for ok in ({"drafter": "smol-permuted", "control": "", "sets": ["bench.max_tokens=16"]},
+                   {"profile": "kimi-k25", "drafter": "/models/my-eagle3-head"}):
+            assert client.create_flow_run_from_deployment(deployment_id, parameters=ok).id
+        with pytest.raises(Exception) as refused:
+            client.create_flow_run_from_deployment(deployment_id, parameters={"drafter": "smol-permutd"})
+    # refused before any run exists; the form offers the list (the enum above), the server names the field
+    assert "409" in str(refused.value) and "Validation failed for field 'drafter'" in str(refused.value)
