@@ -6,11 +6,27 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from infra.stats import mean_interval
 from infra.tracking import Tracker
 from tasks.record import ArmResult
+from tasks.speedup import speedup_interval
 
 COLUMNS = ["arm", "role", "status", "acceptance_rate", "mean_acceptance_length", "output_tok_s",
-           "speedup_vs_baseline", "ttft_ms_p50", "tpot_ms_p50", "server_ready_s"]
+           "speedup_vs_baseline", "stream_tok_s", "speedup_paired", "ttft_ms_p50", "tpot_ms_p50", "server_ready_s"]
+# Recorded here, as the verdict prints them: the mean of the requests' own tok/s with its interval, and the speedup
+# paired by prompt (geometric mean of request-by-request ratios) with its interval. output_tok_s is the aggregate.
+STREAM_METRICS = ("speedup_vs_baseline", "stream_tok_s", "stream_tok_s_lo", "stream_tok_s_hi", "speedup_paired",
+                  "speedup_paired_lo", "speedup_paired_hi")
+
+
+def stream_metrics(r: ArmResult, base: ArmResult | None) -> dict[str, float]:
+    out = {}
+    if r.request_tok_s:
+        out.update(zip(("stream_tok_s", "stream_tok_s_lo", "stream_tok_s_hi"), mean_interval(r.request_tok_s)))
+    paired = speedup_interval(r, base) if base else None
+    if paired:
+        out.update(zip(("speedup_paired", "speedup_paired_lo", "speedup_paired_hi"), paired))
+    return out
 
 
 def comparison_table(results: list[ArmResult]) -> pd.DataFrame:
@@ -20,6 +36,8 @@ def comparison_table(results: list[ArmResult]) -> pd.DataFrame:
     for r in results:
         if r.ok and base_tps and "output_tok_s" in r.metrics:
             r.metrics["speedup_vs_baseline"] = r.metrics["output_tok_s"] / base_tps
+        if r.ok:
+            r.metrics.update(stream_metrics(r, base))
         rows.append({"arm": r.arm, "role": r.role, "status": "ok" if r.ok else "FAILED",
                      **{c: r.metrics.get(c) for c in COLUMNS[3:]}})
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -36,8 +54,7 @@ def comparison_markdown(frame: pd.DataFrame) -> str:
 def compare(tracker: Tracker, parent_run_id: str, results: list[ArmResult]) -> pd.DataFrame:
     frame = comparison_table(results)
     for r in results:
-        if "speedup_vs_baseline" in r.metrics:
-            tracker.metrics(r.run_id, {"speedup_vs_baseline": r.metrics["speedup_vs_baseline"]})
+        tracker.metrics(r.run_id, {k: r.metrics[k] for k in STREAM_METRICS if k in r.metrics})
     failed = [f"- {r.arm}: {r.error.splitlines()[0] if r.error else 'failed'}" for r in results if not r.ok]
     report = comparison_markdown(frame) + ("\n\nFailed arms:\n" + "\n".join(failed) if failed else "")
     tracker.table(parent_run_id, frame, "comparison.csv")

@@ -40,13 +40,13 @@ class SpeedModel:
         return out | {f"predicted_speedup_k{k}": s for k, s in self.predicted.items()}
 
     def line(self) -> str:
-        best = f"best k {self.best_k} ({self.predicted[self.best_k]:.2f}x)" if self.best_k else \
-            f"no k up to {self.k} pays off (best {max(self.predicted.values()):.2f}x)"
-        meas = f"; measured {self.measured[0]:.2f}x [{self.measured[1]:.2f}-{self.measured[2]:.2f}]" \
+        best = f"best k {self.best_k} ({self.predicted[self.best_k]:.3f}x)" if self.best_k else \
+            f"no k up to {self.k} pays off (best {max(self.predicted.values()):.3f}x)"
+        meas = f"; measured {self.measured[0]:.3f}x [{self.measured[1]:.3f}-{self.measured[2]:.3f}]" \
             if self.measured else ""
-        return (f"{self.arm}: {self.tokens_per_step:.2f} tokens per step at k={self.k}, each step costing "
-                f"{self.step_cost:.2f} baseline steps ({self.draft_cost:.2f} per draft token): predicted "
-                f"{self.predicted[self.k]:.2f}x{meas}; {best}")
+        return (f"{self.arm}: {self.tokens_per_step:.3f} tokens per step at k={self.k}, each step costing "
+                f"{self.step_cost:.3f} baseline steps ({self.draft_cost:.3f} per draft token): predicted "
+                f"{self.predicted[self.k]:.3f}x{meas}; {best}")
 
 
 def speedup_interval(r: ArmResult, base: ArmResult) -> tuple[float, float, float] | None:
@@ -102,5 +102,5 @@ def k_sweep(results: list[ArmResult]) -> tuple[str | None, int | None]:
     if not rows:
         return None, None
     best = max(rows, key=lambda row: row[2][0])
-    cells = [f"k={k}: predicted {p:.2f}x, measured {m[0]:.2f}x [{m[1]:.2f}-{m[2]:.2f}]" for k, p, m in rows]
+    cells = [f"k={k}: predicted {p:.3f}x, measured {m[0]:.3f}x [{m[1]:.3f}-{m[2]:.3f}]" for k, p, m in rows]
     return f"k_sweep: {'; '.join(cells)}; best measured k={best[0]}", best[0]

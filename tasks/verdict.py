@@ -209,18 +209,18 @@ def _draft_overhead(v: Verdict, results: list[ArmResult]) -> Verdict:
     sm = speed_models(results).get(cand.arm) if cand else None
     if v.cause != "healthy" or not sm or not sm.measured or sm.measured[2] >= max(1.0, sm.tokens_per_step / 2):
         return v
-    below = "below 1" if sm.measured[2] < 1.0 else f"under half of the {sm.tokens_per_step:.2f} tokens a step emits"
+    below = "below 1" if sm.measured[2] < 1.0 else f"under half of the {sm.tokens_per_step:.3f} tokens a step emits"
     _, best_measured = k_sweep(results)
     if best_measured is not None and best_measured != sm.k:
         pays = f"serve it with k={best_measured} (the best measured in the k_sweep)"
     elif sm.best_k and sm.best_k != sm.k and sm.predicted[sm.best_k] >= PAYING_SPEEDUP:
-        pays = f"serve it with k={sm.best_k} (predicted {sm.predicted[sm.best_k]:.2f}x)"
+        pays = f"serve it with k={sm.best_k} (predicted {sm.predicted[sm.best_k]:.3f}x)"
     else:
         pays = f"no k pays off with this drafter on this host and load (none predicted {PAYING_SPEEDUP}x or more): " \
                "use a cheaper drafter (an EAGLE-3 head, ngram) or none"
     return Verdict("draft_overhead", v.evidence + [sm.line(), f"acceptance is fine, but the measured speedup is "
-                   f"{sm.measured[2]:.2f}x at best, {below}: each step costs {sm.step_cost:.2f} baseline steps for "
-                   f"{sm.tokens_per_step:.2f} tokens"], pays)
+                   f"{sm.measured[2]:.3f}x at best, {below}: each step costs {sm.step_cost:.3f} baseline steps for "
+                   f"{sm.tokens_per_step:.3f} tokens"], pays)
 
 
 def _context_limit(cand: ArmResult, findings: list[Finding], evidence: list[str]) -> Verdict | None:
@@ -358,8 +358,8 @@ def throughput_lines(results: list[ArmResult]) -> list[str]:
         if r.arm in models:
             lines.append(models[r.arm].line())
         elif r.ok and base and r is not base and (s := speedup_interval(r, base)):
-            lines.append(f"{r.arm}: {mean_interval(r.request_tok_s)[0]:.1f} tok/s per stream vs baseline "
-                         f"{mean_interval(base.request_tok_s)[0]:.1f}; speedup {s[0]:.2f}x [{s[1]:.2f}-{s[2]:.2f}]")
+            lines.append(f"{r.arm}: {mean_interval(r.request_tok_s)[0]:.3f} tok/s per stream vs baseline "
+                         f"{mean_interval(base.request_tok_s)[0]:.3f}; speedup {s[0]:.3f}x [{s[1]:.3f}-{s[2]:.3f}]")
     return lines
 
 

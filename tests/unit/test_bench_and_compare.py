@@ -48,3 +48,28 @@ def test_comparison_speedup_is_against_baseline():
     assert table.loc["baseline", "speedup_vs_baseline"] == 1.0
     assert table.loc["cand", "speedup_vs_baseline"] == 0.5
     assert table.loc["ctl", "status"] == "FAILED"
+
+
+def test_every_throughput_figure_the_verdict_prints_is_a_recorded_metric_with_the_same_digits(tmp_path):
+    """Aggregate output tok/s, the mean of the requests' own tok/s (per stream) and the speedup paired by prompt,
+    each with its interval, recorded on the arm's run; the verdict's line prints those numbers, as the table does."""
+    from infra.tracking import Tracker
+    from tasks.compare import compare, comparison_markdown
+    from tasks.verdict import throughput_lines
+
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = tracker.experiment("t")
+    parent = tracker.start(exp, "p", {})
+    base = ArmResult("baseline", "baseline", tracker.start(exp, "b", {}, parent), metrics={"output_tok_s": 15.381}, ok=True,
+                     request_tok_s=[15.2, 15.9, 15.0, 15.6])
+    cand = ArmResult("cand", "candidate", tracker.start(exp, "c", {}, parent), metrics={"output_tok_s": 1.879}, ok=True,
+                     request_tok_s=[1.9, 2.2, 1.8, 2.1])
+    frame = compare.fn(tracker, parent, [base, cand])
+    got = tracker.client.get_run(cand.run_id).data.metrics
+    assert got["speedup_vs_baseline"] == pytest.approx(1.879 / 15.381)
+    assert got["stream_tok_s"] == pytest.approx(2.0) and got["stream_tok_s_lo"] < 2.0 < got["stream_tok_s_hi"]
+    assert got["speedup_paired_lo"] < got["speedup_paired"] < got["speedup_paired_hi"]
+    line = throughput_lines([base, cand])[0]
+    assert f"{got['stream_tok_s']:.3f} tok/s per stream" in line and f"speedup {got['speedup_paired']:.3f}x" in line
+    table = comparison_markdown(frame)
+    assert f"| {got['stream_tok_s']:.3f} | {got['speedup_paired']:.3f} |" in table

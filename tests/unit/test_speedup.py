@@ -36,7 +36,7 @@ def test_a_well_accepted_drafter_that_slows_serving_is_draft_overhead():
     slow = arm("cand", "candidate", (1.0, 1.0, 1.0, 1.0), tpot=12.5, tok_s=[12, 12.5, 11.5, 12, 12])
     v = decide([BASE, slow], {})
     assert v.cause == "draft_overhead", v.evidence
-    assert any("5.00 tokens per step" in e and "no k up to 4 pays off" in e for e in v.evidence)
+    assert any("5.000 tokens per step" in e and "no k up to 4 pays off" in e for e in v.evidence)
     assert "no k pays off" in v.next_step
 
 
@@ -47,7 +47,7 @@ def test_a_self_drafter_near_1x_is_draft_overhead_on_either_side_of_1():
     for tok_s in ([29, 28, 30, 27, 31], [32, 33, 31, 34, 32]):
         v = decide([BASE, arm("cand", "candidate", pos, tpot=9.3, tok_s=tok_s)], {})
         assert v.cause == "draft_overhead", v.evidence
-        assert "under half of the 4.90 tokens a step emits" in v.evidence[-1] or "below 1" in v.evidence[-1]
+        assert "under half of the 4.900 tokens a step emits" in v.evidence[-1] or "below 1" in v.evidence[-1]
         assert "no k pays off" in v.next_step  # 1.07x at best: not worth recommending a k
 
 
@@ -79,6 +79,6 @@ def test_k_sweep_prints_predicted_and_measured_per_k_and_picks_the_best_measured
     for p in (k1, k2):
         p.probe = "k_sweep"
     line, best = k_sweep([BASE, cand, k1, k2])
-    assert best == 2 and line.count("predicted") == 3 and "k=2: predicted 1.15x, measured 1.20x" in line
+    assert best == 2 and line.count("predicted") == 3 and "k=2: predicted 1.152x, measured 1.200x" in line
     v = decide([BASE, cand, k1, k2], {})
     assert v.cause == "draft_overhead" and "k=2 (the best measured" in v.next_step

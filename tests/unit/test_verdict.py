@@ -78,7 +78,7 @@ def test_throughput_interval_and_speedup_line():
     assert mean == 11.5 and lo < 11.5 < hi
     lines = throughput_lines([arm("baseline", "baseline", tok_s=[10, 11, 9, 10]),
                               arm("cand", "candidate", 0.5, tok_s=[5, 5.5, 4.5, 5])])
-    assert lines and "speedup 0.50x" in lines[0]
+    assert lines and "speedup 0.500x" in lines[0]
 
 
 def with_offline(result, rate, slots=600, length=1.4):
