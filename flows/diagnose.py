@@ -5,7 +5,6 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Literal
 
 if __package__ in (None, ""):  # run as `python flows/diagnose.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -19,13 +18,14 @@ from prefect.exceptions import TerminationSignal  # noqa: E402
 
 from flows.arm import run_arm
 from infra.arms import plan_arms, resolved_drafters, resolved_target, run_dir, validate_inputs
-from infra.config import DrafterRef, ProfileRef, SpecdiagError, load_profile
+from infra.config import DrafterRef, NoControl, ProfileRef, SpecdiagError, load_profile
 from infra.tracking import Tracker, check_store, interrupted_where, interruption, signal_name
 from infra.promptsets import load as load_prompts
 from tasks.compare import compare, comparison_markdown
 from tasks.inspect import findings_markdown, inspect_arms
 from tasks.offline import offline_eval
 from tasks.plots import plots
+from tasks.report import report
 from tasks.record import ArmResult
 from tasks.verdict import verdict
 
@@ -42,7 +42,7 @@ def prepare(profile: str = "demo", overrides: dict | None = None, sets: list[str
 
 @flow(name="diagnose", log_prints=True)
 def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
-             control: DrafterRef | Literal[""] | None = None, arms: list[DrafterRef] | None = None,
+             control: DrafterRef | NoControl | None = None, arms: list[DrafterRef] | None = None,
              sets: list[str] | None = None) -> list[ArmResult]:
     """Baseline vs candidate drafter vs known-good control, each on a fresh server, recorded in MLflow.
 
@@ -58,14 +58,15 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
     cfg, plan, prompts = prepare(profile, {"drafter": drafter, "control": control, "arms": arms}, sets)
     tracker = Tracker()
     experiment = tracker.experiment(cfg.name)
-    parent = tracker.start(experiment, f"{cfg.drafter} vs {cfg.control or 'no control'}",
-                           {"specdiag.kind": "diagnosis", "specdiag.drafter": cfg.drafter or "none"})
+    title = f"{cfg.drafter} vs {cfg.control or 'no control'}"
+    parent = tracker.start(experiment, title, {"specdiag.kind": "diagnosis", "specdiag.drafter": cfg.drafter or "none"})
     tracker.params(parent, {"profile": cfg.name, "arms": ",".join(a.name for a in plan),
                             "profile_json": cfg.model_dump_json()})
     with tracker.terminated(parent):
         target, drafters, workdir = resolved_target(cfg), resolved_drafters(plan), run_dir(cfg, parent)
         findings = inspect_arms(target, drafters, cfg.host, cfg.target.max_model_len())  # seconds, before any server
-        tracker.text(parent, findings_markdown(findings), "static_checks.md")
+        static = findings_markdown(findings)
+        tracker.text(parent, static, "static_checks.md")
         offline = offline_eval(cfg, drafters, target, prompts[cfg.bench.warmup:], workdir, tracker, parent)
         results: list[ArmResult] = []
         for arm in drafters:  # in order, the baseline first: later arms' early stop compares with its tok/s
@@ -77,7 +78,7 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
         table = compare(tracker, parent, results)
         decision = verdict(tracker, parent, results, findings, offline)
         tracker.note(parent, decision.markdown() + "\n\n## Arms\n\n" + comparison_markdown(table))
-        plots(tracker, parent, results)
+        report(tracker, parent, experiment, results, decision, static, plots(tracker, parent, results), title)
         tracker.metrics(parent, {"diagnosis_wall_s": time.monotonic() - start})
     print("\n" + table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"\nwall time {time.monotonic() - start:.0f} s in the flow; per arm: " + ", ".join(

@@ -207,8 +207,11 @@ def known_drafters() -> list[str]:
 
 # What a deployment's form takes, as JSON schema the Prefect server enforces: a shipped profile or a YAML path; a
 # shipped drafter or a checkpoint folder's path (absolute, ~ or ./), as on the command line.
-ProfileRef = Union[Literal[tuple(known_profiles())], Annotated[str, StringConstraints(pattern=r"\.ya?ml$")]]
-DrafterRef = Union[Literal[tuple(known_drafters())], Annotated[str, StringConstraints(pattern=r"^(/|~|\.\.?/)")]]
+ProfileRef = Union[Annotated[Literal[tuple(known_profiles())], Field(title="shipped profile")],
+                   Annotated[str, StringConstraints(pattern=r"\.ya?ml$"), Field(title="YAML file")]]
+DrafterRef = Union[Annotated[Literal[tuple(known_drafters())], Field(title="named drafter")],
+                   Annotated[str, StringConstraints(pattern=r"^(/|~|\.\.?/)"), Field(title="checkpoint path")]]
+NoControl = Annotated[Literal[""], Field(title="no control")]
 
 
 def _set_dotted(data: dict, dotted: str, raw: str) -> None:

@@ -73,6 +73,11 @@ def check_store(uri: str | None = None) -> None:
                             f"(a diagnosis needs {MIN_FREE_MB}): free space or {fix}")
 
 
+def run_path(experiment_id: str, run_id: str) -> str:
+    """A run's page in MLflow's UI; MLflow 3 opens in its GenAI views unless the link asks for model training."""
+    return f"#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+
+
 EXPERIMENT_KIND = "mlflow.experimentKind"  # MLflow 3's UI picks GenAI or model-development views from it
 NOTE = "mlflow.note.content"
 
@@ -165,5 +170,5 @@ class Tracker:
             raise
 
     def run_url(self, experiment_id: str, run_id: str) -> str:
-        return f"mlflow ui --backend-store-uri {self.uri}  ->  #/experiments/{experiment_id}/runs/{run_id}"
+        return f"mlflow ui --backend-store-uri {self.uri}  ->  {run_path(experiment_id, run_id)}"
 

@@ -43,7 +43,7 @@ def draw(results: list[ArmResult], out: Path) -> list[Path]:
                   color=["grey" if r.role == "baseline" else "tab:blue" for r in ok])
     for bar, r in zip(bars, ok):
         if "speedup_vs_baseline" in r.metrics:
-            ax.annotate(f"{r.metrics['speedup_vs_baseline']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ax.annotate(f"{r.metrics['speedup_vs_baseline']:.3f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                         ha="center", va="bottom")
     ax.set(ylabel="output tokens/s", title="Throughput (speedup vs baseline)")
     fig.tight_layout()
@@ -76,7 +76,10 @@ def _speed_by_k(results: list[ArmResult], out: Path) -> list[Path]:
 
 
 @task(name="plots", cache_policy=NO_CACHE)
-def plots(tracker: Tracker, parent_run_id: str, results: list[ArmResult]) -> None:
+def plots(tracker: Tracker, parent_run_id: str, results: list[ArmResult]) -> dict[str, bytes]:
+    """The charts on the parent run; returned as PNG bytes for the report."""
     with tempfile.TemporaryDirectory() as tmp:
-        for path in draw(results, Path(tmp)):
+        paths = draw(results, Path(tmp))
+        for path in paths:
             tracker.file(parent_run_id, path)
+        return {path.name: path.read_bytes() for path in paths}

@@ -1,6 +1,8 @@
 """The demo diagnosis on the real vLLM CPU engine: baseline, smol-permuted candidate, smol-self control."""
 import pytest
 
+from tasks.compare import COLUMNS
+
 pytestmark = pytest.mark.e2e
 
 ARM_METRICS = {"output_tok_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "server_ready_s",
@@ -9,7 +11,7 @@ SPEC_METRICS = {"acceptance_rate", "mean_acceptance_length", "num_drafts", "num_
                 "num_accepted_tokens", "acceptance_rate_pos_0", "acceptance_rate_pos_3", "log_draft_tokens"}
 
 
-def test_demo_diagnosis_records_every_arm(cli, no_servers_left):
+def test_demo_diagnosis_records_every_arm(cli, mlflow_uri, no_servers_left):
     done = cli()  # the README's main job, `python flows/diagnose.py`, with every default
     assert done.returncode == 0, done.output[-3000:]
     assert "# Verdict: `vocab_mismatch`" in done.output and "MLflow:" in done.output
@@ -18,7 +20,7 @@ def test_demo_diagnosis_records_every_arm(cli, no_servers_left):
     assert client.get_experiment(parent.info.experiment_id).name == "demo"
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {
         "comparison.csv", "comparison.md", "static_checks.md", "verdict.md", "acceptance_per_position.png",
-        "throughput.png"}
+        "throughput.png", "report.html"}
     # the permuted vocabulary is named as the cause: static embedding check + near-zero served acceptance
     assert parent.data.tags["specdiag.verdict"] == "vocab_mismatch"
     # the run page opens on the verdict and the comparison; the experiment opens as ordinary runs; arms by role
@@ -57,3 +59,29 @@ def test_demo_diagnosis_records_every_arm(cli, no_servers_left):
     # the default host.workdir: the servers' logs stay in the project's runs/<diagnosis id>/, as a user finds them
     from tests.conftest import ROOT
     assert (ROOT / "runs" / parent.info.run_id / "smol-self.server.log").exists()
+
+    _report_through_mlflow_in_chromium(mlflow_uri, done)
+
+
+def _report_through_mlflow_in_chromium(mlflow_uri, done):
+    """report.html as a user opens it: from a real `mlflow server`, in headless Chromium. The DOM holds the verdict,
+    each arm's recorded figures to the digit (and the CLI's table the same), its cause, and the plots inline."""
+    import re
+
+    from infra.browser import artifact_url, dom, mlflow_server
+
+    with mlflow_server(mlflow_uri) as server:
+        page = dom(artifact_url(server, done.parent.info.run_id, "report.html"))
+    assert re.search(r'id="verdict">vocab_mismatch<', page), page[:2000]
+    assert len(re.findall(r'<img alt="[^"]+\.png" src="data:image/png;base64,', page)) >= 2
+    for name, run in done.arms.items():
+        row = re.search(rf'<tr data-arm="{re.escape(name)}">(.*?)</tr>', page, re.S)[1]
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+        line = next(ln for ln in done.output.splitlines() if ln.split()[:1] == [name] and "ok" in ln.split())
+        for column in ("acceptance_rate", "output_tok_s", "speedup_vs_baseline", "stream_tok_s", "ttft_ms_p50"):
+            recorded = run.data.metrics.get(column)
+            shown = cells[COLUMNS.index(column)]
+            assert shown == ("-" if recorded is None else f"{recorded:.3f}"), (name, column, shown, recorded)
+            assert recorded is None or f"{recorded:.3f}" in line.split(), (name, column, line)
+        if name != "baseline":
+            assert run.data.tags["specdiag.arm_verdict"] in row

@@ -1,0 +1,81 @@
+"""A real `mlflow server` over a store, and headless Chromium (Debian's package) reading pages through it: what the
+tests assert on and what docs/screenshots.py captures."""
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from infra.config import SpecdiagError
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        raise SpecdiagError("headless Chromium is needed: apt-get install chromium")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def mlflow_server(store_uri: str, timeout_s: float = 120):
+    """`mlflow server` on the store (artifacts where its experiments say), on a free local port; yields its URL."""
+    port = free_port()
+    log = open(Path(store_uri.removeprefix("sqlite:///")).with_suffix(".server.log"), "w")
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store_uri,
+                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mlflow server did not start (see {log.name})")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _run(args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+    return subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           *args], capture_output=True, text=True, timeout=timeout_s)
+
+
+def dom(url: str, wait_ms: int = 0, timeout_s: float = 120) -> str:
+    """The page's DOM after load (and wait_ms of virtual time, for pages that render with scripts)."""
+    extra = [f"--virtual-time-budget={wait_ms}"] if wait_ms else []
+    return _run([*extra, "--dump-dom", url], timeout_s).stdout
+
+
+def screenshot(url: str, out: Path, width: int = 1600, height: int = 1400, wait_ms: int = 0) -> Path:
+    extra = [f"--virtual-time-budget={wait_ms}"] if wait_ms else []
+    _run([*extra, f"--window-size={width},{height}", f"--screenshot={out}", url], 180)
+    if not out.exists():
+        raise RuntimeError(f"Chromium wrote no screenshot of {url}")
+    return out
+
+
+def artifact_url(server: str, run_id: str, path: str) -> str:
+    return f"{server}/get-artifact?path={path}&run_uuid={run_id}"
