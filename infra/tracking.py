@@ -169,6 +169,11 @@ class Tracker:
                 exc.add_note(f"during arm {arm}")
             raise
 
+    def run_link(self, experiment_id: str, run_id: str) -> str:
+        """The run's page: on the tracking server, or on `mlflow ui`'s default address for a local store."""
+        base = self.uri.rstrip("/") if self.uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+        return f"{base}/{run_path(experiment_id, run_id)}"
+
     def run_url(self, experiment_id: str, run_id: str) -> str:
         return f"mlflow ui --backend-store-uri {self.uri}  ->  {run_path(experiment_id, run_id)}"
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 from prefect import task
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from infra.stats import mean_interval
@@ -60,4 +60,6 @@ def compare(tracker: Tracker, parent_run_id: str, results: list[ArmResult]) -> p
     tracker.table(parent_run_id, frame, "comparison.csv")
     tracker.text(parent_run_id, report, "comparison.md")
     create_markdown_artifact(report, key="specdiag-comparison", description="specdiag arm comparison")
+    rows = frame.round(3).astype(object).where(frame.notna(), None).to_dict("records")
+    create_table_artifact(rows, key="specdiag-arms", description="the arms' figures, as recorded in MLflow")
     return frame

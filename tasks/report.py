@@ -8,6 +8,7 @@ import base64
 import html
 
 from prefect import task
+from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NO_CACHE
 
 from infra.tracking import Tracker, run_path
@@ -72,4 +73,7 @@ def report(tracker: Tracker, parent_run_id: str, experiment_id: str, results: li
     runs = {r.arm: tracker.client.get_run(r.run_id) for r in results}  # the record, not the in-memory copy
     page = render(decision, results, runs, experiment_id, findings_md, images, title)
     tracker.text(parent_run_id, page, "report.html")
+    create_link_artifact(tracker.run_link(experiment_id, parent_run_id), link_text=f"MLflow: {title}",
+                         key="specdiag-mlflow-run", description=f"the diagnosis in MLflow ({tracker.uri}): verdict, "
+                         "comparison, report.html, one child run per arm")
     return page

@@ -61,6 +61,15 @@ def test_demo_diagnosis_records_every_arm(cli, mlflow_uri, no_servers_left):
     assert (ROOT / "runs" / parent.info.run_id / "smol-self.server.log").exists()
 
     _report_through_mlflow_in_chromium(mlflow_uri, done)
+    # the Prefect flow run points to its MLflow record, and carries the arms' table
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as prefect:
+        links = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["specdiag-mlflow-run"])))
+        tables = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["specdiag-arms"])))
+    link = next(a for a in links if parent.info.run_id in str(a.data))
+    assert "workflowType=machine_learning" in str(link.data) and tables
 
 
 def _report_through_mlflow_in_chromium(mlflow_uri, done):

@@ -50,7 +50,7 @@ def test_comparison_speedup_is_against_baseline():
     assert table.loc["ctl", "status"] == "FAILED"
 
 
-def test_every_throughput_figure_the_verdict_prints_is_a_recorded_metric_with_the_same_digits(tmp_path):
+def test_every_throughput_figure_the_verdict_prints_is_a_recorded_metric_with_the_same_digits(tmp_path, prefect_server):
     """Aggregate output tok/s, the mean of the requests' own tok/s (per stream) and the speedup paired by prompt,
     each with its interval, recorded on the arm's run; the verdict's line prints those numbers, as the table does."""
     from infra.tracking import Tracker
