@@ -62,7 +62,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
                              spec_window(server, ev.before) if arm.spec else None,
                              decision_thresholds(arm.role, offline),
                              mean_interval(baseline_tok_s)[1:] if baseline_tok_s and len(baseline_tok_s) > 1 else None,
-                             speed_judged(arm.role))
+                             speed_judged(arm.role), arm.name)
         ev.after = scrape(server)
         ev.metrics["bench_s"] = time.monotonic() - bench_start
         ev.metrics.update(counter_metrics(arm.name, ev.before, ev.after, speculative=arm.spec is not None))

@@ -21,6 +21,7 @@ from prefect.cache_policies import NO_CACHE
 from infra.config import BenchConfig
 from infra.sse import SseClient, StreamError
 from tasks.earlystop import Progress, should_stop
+from tasks.progress import BenchProgress
 
 @dataclass
 class RequestRecord:
@@ -176,8 +177,9 @@ def warmup(base_url: str, cfg: BenchConfig, prompts: list[str]) -> None:
 def benchmark(base_url: str, cfg: BenchConfig, prompts: list[str],
               spec_so_far: Callable[[], tuple[float, float]] | None = None,
               decisions: tuple[float, ...] = (), baseline_tok_s: tuple[float, float] | None = None,
-              tok_s_judged: bool = True) -> BenchResult:
-    """spec_so_far: (drafts, acceptance rate) of the window so far, for the early stop; None without spec decode.
+              tok_s_judged: bool = True, arm: str = "arm") -> BenchResult:
+    """spec_so_far: (drafts, acceptance rate) of the window so far, for the early stop and the progress lines; None
+    without spec decode.
     decisions: the acceptance thresholds the verdict will test this arm against; baseline_tok_s: the baseline arm's
     per-request tok/s interval; tok_s_judged: whether the verdict reads this arm's speed (all for the early stop:
     tasks/earlystop.py)."""
@@ -188,10 +190,16 @@ def benchmark(base_url: str, cfg: BenchConfig, prompts: list[str],
                                          BenchResult(ok, elapsed).request_tok_s(), drafts, rate, decisions,
                                          baseline_tok_s=baseline_tok_s, tok_s_judged=tok_s_judged))
 
+    progress = BenchProgress(arm, len(prompts), spec_so_far)
+
+    def check(records: list[RequestRecord], elapsed: float) -> str:
+        ok = [r for r in records if r.ok]
+        progress.update(len(records), sum(r.completion_tokens for r in ok), elapsed)
+        return stop_check(records, elapsed) if cfg.early_stop else ""
+
     records, start = [], time.perf_counter()
     try:
-        result = asyncio.run(_run(base_url, cfg, served_model(base_url), prompts, cfg.max_tokens,
-                                  stop_check if cfg.early_stop else None, records))
+        result = asyncio.run(_run(base_url, cfg, served_model(base_url), prompts, cfg.max_tokens, check, records))
     except BaseException as exc:  # Ctrl-C, SIGTERM: the requests that finished are still measured
         exc.result = BenchResult(sorted(records, key=lambda r: r.index), time.perf_counter() - start)
         raise

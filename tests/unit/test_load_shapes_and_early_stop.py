@@ -35,9 +35,12 @@ def null_server():
     proc.wait(5)
 
 
-def test_fixed_concurrency_counts_every_token_and_percentiles_are_numpys(null_server):
+def test_fixed_concurrency_counts_every_token_and_percentiles_are_numpys(null_server, capsys):
     cfg = BenchConfig(max_tokens=20, concurrency=4)
-    result = benchmark.fn(null_server, cfg, ["hello"] * 12)
+    result = benchmark.fn(null_server, cfg, ["hello"] * 12, spec_so_far=lambda: (30.0, 0.25), arm="cand")
+    # the progress line, at least at the end: requests, tokens and the acceptance so far
+    assert "[cand] benchmark: 12/12 requests, 240 tokens, acceptance so far 0.250 over 30 drafts" in \
+        capsys.readouterr().out
     assert [r.completion_tokens for r in result.records] == [20] * 12
     s = result.summary()
     ttft = [r.ttft_ms for r in result.records]
