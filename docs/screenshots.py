@@ -11,14 +11,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
 from mlflow.tracking import MlflowClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from infra.browser import artifact_url, free_port, mlflow_server, screenshot  # noqa: E402
+from infra.browser import artifact_url, free_port, mlflow_server, screenshot, wait_http  # noqa: E402
 from infra.config import PROJECT_ROOT  # noqa: E402
 from infra.tracking import run_path  # noqa: E402
 
@@ -51,16 +49,7 @@ def prefect_form_shot(out: Path) -> Path:
                                    "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            deadline = time.monotonic() + 180
-            while True:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    sys.exit("the Prefect server did not start in 180 s")
-                time.sleep(1)
+            wait_http(f"http://127.0.0.1:{port}/api/health", server, 180, "the Prefect server")
             deployment = subprocess.run(
                 [sys.executable, "-c", "from flows.diagnose import diagnose; print(diagnose.to_deployment("
                  "'diagnose').apply())"], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, check=True)

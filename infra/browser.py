@@ -28,6 +28,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_http(url: str, proc: subprocess.Popen, timeout_s: float, what: str) -> None:
+    """Until URL answers 200; the process ending or the time running out first is an error naming WHAT."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start in {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
 @contextmanager
 def mlflow_server(store_uri: str, timeout_s: float = 120):
     """`mlflow server` on the store (artifacts where its experiments say), on a free local port; yields its URL."""
@@ -38,16 +52,7 @@ def mlflow_server(store_uri: str, timeout_s: float = 120):
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not start (see {log.name})")
-            time.sleep(0.5)
+        wait_http(f"{url}/health", proc, timeout_s, f"mlflow server (see {log.name})")
         yield url
     finally:
         proc.terminate()
