@@ -31,7 +31,7 @@ def test_self_drafting_is_draft_overhead_and_a_short_context_drafter_is_context_
     assert done.returncode == 0, done.output[-3000:]
     m = done.arms["smol-self"].data.metrics
     assert m["acceptance_rate"] > 0.9 and m["tokens_per_step"] > 4.5
-    assert m["draft_cost"] > 0.5 and {f"predicted_speedup_k{k}" for k in (1, 2, 3, 4)} <= set(m)
+    assert m["draft_cost"] > 0.3 and {f"predicted_speedup_k{k}" for k in (1, 2, 3, 4)} <= set(m)
     # each request's own counts (--per-request-spec-decode-metrics) add up to the server's counters
     assert m["spec_requests"] == 8 and m["acceptance_rate_req"] == pytest.approx(m["acceptance_rate"], abs=0.02)
     assert done.parent.data.tags["specdiag.verdict"] == "draft_overhead"
