@@ -13,13 +13,14 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from infra.stats import mean_interval, wilson
+from infra.stats import wilson
 from infra.tracking import Tracker
 from tasks.acceptance import split_at
 from tasks.inspect import Finding
 from tasks.offline import OfflineResult
+from tasks.compare import stream_metrics
 from tasks.record import ArmResult
-from tasks.speedup import k_sweep, speed_models, speedup_interval
+from tasks.speedup import k_sweep, speed_models
 
 VOCAB_CODES = {"d2t_missing", "d2t_shape", "d2t_range", "d2t_duplicates", "d2t_scrambled", "d2t_partial",
                "embedding_mismatch", "tokenizer"}
@@ -357,9 +358,10 @@ def throughput_lines(results: list[ArmResult]) -> list[str]:
     for r in results:
         if r.arm in models:
             lines.append(models[r.arm].line())
-        elif r.ok and base and r is not base and (s := speedup_interval(r, base)):
-            lines.append(f"{r.arm}: {mean_interval(r.request_tok_s)[0]:.3f} tok/s per stream vs baseline "
-                         f"{mean_interval(base.request_tok_s)[0]:.3f}; speedup {s[0]:.3f}x [{s[1]:.3f}-{s[2]:.3f}]")
+        elif r.ok and base and r is not base and "speedup_paired" in (m := stream_metrics(r, base)):
+            lines.append(f"{r.arm}: {m['stream_tok_s']:.3f} tok/s per stream vs baseline "
+                         f"{stream_metrics(base, None)['stream_tok_s']:.3f}; speedup {m['speedup_paired']:.3f}x "
+                         f"[{m['speedup_paired_lo']:.3f}-{m['speedup_paired_hi']:.3f}]")
     return lines
 
 

@@ -2,7 +2,8 @@ import pytest
 
 from tasks.inspect import Finding
 from tasks.record import ArmResult
-from tasks.verdict import acceptance_interval, decide, mean_interval, throughput_lines, wilson
+from infra.stats import mean_interval
+from tasks.verdict import acceptance_interval, decide, throughput_lines, wilson
 
 
 def arm(name, role, rate=None, drafts=200, k=4, ok=True, error="", tok_s=None):
