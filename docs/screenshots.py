@@ -16,7 +16,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from infra.browser import artifact_url, free_port, mlflow_server, screenshot, wait_http  # noqa: E402
+from infra.browser import artifact_file, free_port, mlflow_server, screenshot, wait_http  # noqa: E402
 from infra.config import PROJECT_ROOT  # noqa: E402
 from infra.tracking import run_path  # noqa: E402
 
@@ -33,10 +33,13 @@ def newest_diagnosis(store: str):
 
 def mlflow_shots(store: str, out: Path) -> list[Path]:
     run = newest_diagnosis(store)
-    with mlflow_server(store) as server:
-        return [screenshot(artifact_url(server, run.info.run_id, "report.html"), out / "report.png", height=2000),
-                screenshot(f"{server}/{run_path(run.info.experiment_id, run.info.run_id)}",
-                           out / "mlflow_parent_run.png", wait_ms=15000)]
+    page = f"{run_path(run.info.experiment_id, run.info.run_id)}"
+    with mlflow_server(store) as server, tempfile.TemporaryDirectory() as tmp:
+        report = artifact_file(server, run.info.run_id, "report.html", Path(tmp))
+        return [screenshot(report, out / "report.png", height=2000),
+                screenshot(f"{server}/{page}", out / "mlflow_parent_run.png", wait_ms=15000),
+                screenshot(f"{server}/{page.replace('?', '/artifacts/report.html?')}", out / "mlflow_report.png",
+                           wait_ms=15000)]
 
 
 def prefect_form_shot(out: Path) -> Path:

@@ -6,6 +6,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,8 +65,10 @@ def mlflow_server(store_uri: str, timeout_s: float = 120):
 
 
 def _run(args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
-    return subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           *args], capture_output=True, text=True, timeout=timeout_s)
+    with tempfile.TemporaryDirectory() as profile:  # a fresh profile: no lock left by another Chromium
+        return subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                               "--disable-dev-shm-usage", "--no-first-run", f"--user-data-dir={profile}", *args],
+                              capture_output=True, text=True, timeout=timeout_s)
 
 
 def dom(url: str, wait_ms: int = 0, timeout_s: float = 120) -> str:
@@ -83,4 +86,14 @@ def screenshot(url: str, out: Path, width: int = 1600, height: int = 1400, wait_
 
 
 def artifact_url(server: str, run_id: str, path: str) -> str:
+    """The server's download address. MLflow sends artifacts as attachments (a browser downloads them, and
+    headless Chromium waits forever), so open them with `artifact_file`, as MLflow's own viewer fetches them."""
     return f"{server}/get-artifact?path={path}&run_uuid={run_id}"
+
+
+def artifact_file(server: str, run_id: str, path: str, into: Path) -> str:
+    """The artifact fetched from the server into the folder INTO; its file:// URL, for `dom` or `screenshot`."""
+    reply = httpx.get(artifact_url(server, run_id, path), timeout=60)
+    reply.raise_for_status()
+    (into / Path(path).name).write_bytes(reply.content)
+    return (into / Path(path).name).resolve().as_uri()

@@ -77,10 +77,13 @@ def _report_through_mlflow_in_chromium(mlflow_uri, done):
     each arm's recorded figures to the digit (and the CLI's table the same), its cause, and the plots inline."""
     import re
 
-    from infra.browser import artifact_url, dom, mlflow_server
+    import tempfile
+    from pathlib import Path
 
-    with mlflow_server(mlflow_uri) as server:
-        page = dom(artifact_url(server, done.parent.info.run_id, "report.html"))
+    from infra.browser import artifact_file, dom, mlflow_server
+
+    with mlflow_server(mlflow_uri) as server, tempfile.TemporaryDirectory() as tmp:
+        page = dom(artifact_file(server, done.parent.info.run_id, "report.html", Path(tmp)), timeout_s=180)
     assert re.search(r'id="verdict">vocab_mismatch<', page), page[:2000]
     assert len(re.findall(r'<img alt="[^"]+\.png" src="data:image/png;base64,', page)) >= 2
     for name, run in done.arms.items():
