@@ -78,6 +78,20 @@ def run_path(experiment_id: str, run_id: str) -> str:
     return f"#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
 
 
+# Housekeeping: where the time went, what cleanup did, the log's cross-check of the counters. Recorded under `sys/`,
+# so MLflow's chart view groups them apart and the figures the verdict reads lead it under their own names.
+HOUSEKEEPING = frozenset({
+    "host_lock_wait_s", "server_ready_s", "bench_s", "bench_duration_s", "arm_wall_s", "overhead_s",
+    "diagnosis_wall_s", "stale_servers_stopped", "shm_files_removed", "early_stopped", "requests_ok",
+    "requests_failed", "output_tokens", "log_spec_lines", "log_accepted_tokens", "log_draft_tokens",
+    "log_acceptance_rate"})
+
+
+def metric_key(name: str) -> str:
+    """The name a metric is recorded under in MLflow."""
+    return f"sys/{name}" if name in HOUSEKEEPING else name
+
+
 EXPERIMENT_KIND = "mlflow.experimentKind"  # MLflow 3's UI picks GenAI or model-development views from it
 NOTE = "mlflow.note.content"
 
@@ -118,7 +132,7 @@ class Tracker:
 
     def metrics(self, run_id: str, metrics: dict[str, float]) -> None:
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v == v]  # skip NaN
+        batch = [Metric(metric_key(k), float(v), now, 0) for k, v in metrics.items() if v == v]  # skip NaN
         for i in range(0, len(batch), 500):
             self.client.log_batch(run_id, metrics=batch[i:i + 500])
 

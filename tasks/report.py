@@ -11,7 +11,7 @@ from prefect import task
 from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NO_CACHE
 
-from infra.tracking import Tracker, run_path
+from infra.tracking import Tracker, metric_key, run_path
 from tasks.compare import COLUMNS
 from tasks.record import ArmResult
 
@@ -35,7 +35,7 @@ def _arms_table(runs: dict[str, object], results: list[ArmResult], experiment_id
     rows = []
     for r in results:
         data = runs[r.arm].data
-        values = [r.arm, r.role, "ok" if r.ok else "FAILED", *[data.metrics.get(c) for c in COLUMNS[3:]]]
+        values = [r.arm, r.role, "ok" if r.ok else "FAILED", *[data.metrics.get(metric_key(c)) for c in COLUMNS[3:]]]
         cause = data.tags.get("specdiag.arm_verdict", "-" if r.role != "baseline" else "")
         link = f'<a href="/{run_path(experiment_id, r.run_id)}" target="_top">{r.run_id[:8]}</a>'
         rows.append(f'<tr data-arm="{html.escape(r.arm)}">' + "".join(_cell(v) for v in values)

@@ -48,5 +48,5 @@ def test_killed_server_fails_its_arm_only(cli, tmp_path, no_servers_left):
     artifacts = {a.path for a in done.client.list_artifacts(run.info.run_id)}
     assert {f"{VICTIM}.server.log", "error.txt", "metrics_before.txt", "requests.csv"} <= artifacts
     assert "POST /v1/chat/completions" in done.artifact_text(run, f"{VICTIM}.server.log")
-    assert "server_ready_s" in run.data.metrics and "requests_failed" in run.data.metrics
+    assert "sys/server_ready_s" in run.data.metrics and "sys/requests_failed" in run.data.metrics
     assert done.parent.data.tags["specdiag.verdict"] == "inconclusive"  # a crashed candidate decides nothing

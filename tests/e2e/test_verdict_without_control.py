@@ -57,6 +57,6 @@ def test_a_checkpoint_the_engine_cannot_map_is_stopped_before_its_load(cli, no_s
     cand, base = done.arms["smol-eagle3-nod2t"], done.arms["baseline"]
     assert base.info.status == "FINISHED" and cand.info.status == "FAILED"
     assert cand.data.tags["specdiag.error"].startswith("StaticCheckFailed: d2t_missing")
-    assert cand.data.params["server_cmd"] == "not launched" and "server_ready_s" not in cand.data.metrics
+    assert cand.data.params["server_cmd"] == "not launched" and "sys/server_ready_s" not in cand.data.metrics
     assert done.parent.data.tags["specdiag.verdict"] == "vocab_mismatch"
     assert "d2t_missing" in done.artifact_text(done.parent, "verdict.md")

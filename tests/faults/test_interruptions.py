@@ -108,7 +108,7 @@ def test_ctrl_c_stops_the_server_and_the_queued_diagnosis_then_runs(start, no_se
     runs = second.runs()
     assert {a: r.info.status for a, r in runs.items()} == {"parent": "FINISHED", "baseline": "FINISHED",
                                                            "ngram": "FINISHED"}
-    assert runs["baseline"].data.metrics["host_lock_wait_s"] > 0.5  # it waited for the host, it did not fail
+    assert runs["baseline"].data.metrics["sys/host_lock_wait_s"] > 0.5  # it waited for the host, it did not fail
 
 
 def test_a_killed_flow_is_cleaned_up_by_the_next_and_sigterm_ends_like_ctrl_c(start, no_servers_left):
@@ -130,7 +130,7 @@ def test_a_killed_flow_is_cleaned_up_by_the_next_and_sigterm_ends_like_ctrl_c(st
     assert _gone(server["pgid"])
     runs = nxt.runs()
     assert runs["baseline"].info.status == "KILLED" and runs["parent"].info.status == "KILLED"
-    assert runs["baseline"].data.metrics["stale_servers_stopped"] == 1
+    assert runs["baseline"].data.metrics["sys/stale_servers_stopped"] == 1
 
 
 def test_a_prefect_cancellation_of_a_deployment_run_ends_like_ctrl_c(prefect_server, tmp_path, no_servers_left):
