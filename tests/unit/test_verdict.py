@@ -2,8 +2,8 @@ import pytest
 
 from tasks.inspect import Finding
 from tasks.record import ArmResult
-from infra.stats import mean_interval
-from tasks.verdict import acceptance_interval, decide, throughput_lines, wilson
+from infra.stats import mean_interval, wilson
+from tasks.verdict import acceptance_interval, decide, throughput_lines
 
 
 def arm(name, role, rate=None, drafts=200, k=4, ok=True, error="", tok_s=None):
@@ -238,3 +238,19 @@ def test_a_control_only_as_good_as_it_always_was_never_makes_integration():
     assert v.cause == "inconclusive" and "weak control" in v.evidence[-1], v.evidence
     broken = with_offline(arm("ctl", "control", 0.02, k=3), 0.30)  # far under its own offline acceptance
     assert decide([BASE, arm("cand", "candidate", 0.02), broken], {}).cause == "integration"
+
+
+def test_every_cause_a_rule_can_name_is_a_row_of_the_readmes_verdict_table():
+    import re
+    from pathlib import Path
+
+    from tasks.verdict import rules
+
+    root = Path(__file__).resolve().parents[2]
+    named = set(re.findall(r'Verdict\(\s*"(\w+)"', Path(rules.__file__).read_text()))
+    named |= {cause for _, cause, _, _ in rules.INTERVENTIONS}
+    table = (root / "README.md").read_text().split("## The verdict table", 1)[1].split("\n## ", 1)[0]
+    rows = set(re.findall(r"^\| `(\w+)` \|", table, re.M))
+    assert named >= {"healthy", "integration", "training_quality", "vocab_mismatch", "aux_layers", "draft_overhead"}
+    assert named <= rows, named - rows
+    assert [r.__name__ for r in rules.RULES][-1] == "training_quality"  # the last rule always decides

@@ -1,0 +1,71 @@
+"""Name the cause: the rules (tasks/verdict/rules.py, a table tried in order) over the measured evidence
+(tasks/verdict/evidence.py), never claiming more than it supports; every drafter arm's own cause; the record."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from infra.tracking import Tracker
+from tasks.compare import stream_metrics
+from tasks.inspect import Finding
+from tasks.offline import OfflineResult
+from tasks.record import ArmResult
+from tasks.speedup import k_sweep, speed_models
+from tasks.verdict.evidence import (HEALTHY, INTEGRATION_RATIO, MIN_DRAFTS, NEAR_ZERO, Verdict,  # noqa: F401
+                                    acceptance_interval, decision_thresholds, offline_interval, speed_judged)
+from tasks.verdict.rules import RULES, decide  # noqa: F401
+
+
+def throughput_lines(results: list[ArmResult]) -> list[str]:
+    """Per drafter arm: the speed model (tokens per step, step cost, predicted vs measured, best k), or, without
+    per-position counters, the measured speedup alone."""
+    base = next((r for r in results if r.role == "baseline" and r.ok), None)
+    models, lines = speed_models(results), []
+    for r in results:
+        if r.arm in models:
+            lines.append(models[r.arm].line())
+        elif r.ok and base and r is not base and "speedup_paired" in (m := stream_metrics(r, base)):
+            lines.append(f"{r.arm}: {m['stream_tok_s']:.3f} tok/s per stream vs baseline "
+                         f"{stream_metrics(base, None)['stream_tok_s']:.3f}; speedup {m['speedup_paired']:.3f}x "
+                         f"[{m['speedup_paired_lo']:.3f}-{m['speedup_paired_hi']:.3f}]")
+    return lines
+
+
+def arm_verdicts(results: list[ArmResult], findings: dict[str, list[Finding]],
+                 offline: OfflineResult | None = None) -> dict[str, Verdict]:
+    """A cause for every other drafter arm, decided as if it were the candidate: the control's against its own
+    evidence (no reference), an extra arm's against the control. Probes are read by the candidate's verdict."""
+    ctrl = next((r for r in results if r.role == "control"), None)
+    base = [r for r in results if r.role == "baseline"]
+    out = {}
+    for r in results:
+        if r.role not in ("control", "extra"):
+            continue
+        ref = [ctrl] if ctrl is not None and r is not ctrl else []
+        out[r.arm] = decide(base + [replace(r, role="candidate")] + ref, findings, offline)
+    return out
+
+
+@task(name="verdict", cache_policy=NO_CACHE)
+def verdict(tracker: Tracker, parent_run_id: str, results: list[ArmResult],
+            findings: dict[str, list[Finding]], offline: OfflineResult | None = None) -> Verdict:
+    v = decide(results, findings, offline)
+    v.evidence += [line for line in throughput_lines(results) if line not in v.evidence]
+    sweep, _ = k_sweep(results)
+    if sweep:
+        v.evidence.append(sweep)
+    cand = next((r for r in results if r.role == "candidate"), None)
+    if cand is not None:
+        tracker.tag(cand.run_id, "specdiag.arm_verdict", v.cause)
+    for arm, av in arm_verdicts(results, findings, offline).items():
+        tracker.tag(next(r.run_id for r in results if r.arm == arm), "specdiag.arm_verdict", av.cause)
+        v.evidence.append(f"{arm} on its own: `{av.cause}` ({av.evidence[-1] if av.evidence else ''})")
+    for arm, sm in speed_models(results).items():
+        tracker.metrics(next(r.run_id for r in results if r.arm == arm), sm.metrics())
+    tracker.tag(parent_run_id, "specdiag.verdict", v.cause)
+    tracker.text(parent_run_id, v.markdown(), "verdict.md")
+    create_markdown_artifact(v.markdown(), key="specdiag-verdict", description="specdiag verdict")
+    return v
