@@ -14,9 +14,13 @@ from tasks.inspect import Finding
 from tasks.offline import OfflineResult
 from tasks.record import ArmResult
 from tasks.speedup import k_sweep, speed_models
-from tasks.verdict.evidence import (HEALTHY, INTEGRATION_RATIO, MIN_DRAFTS, NEAR_ZERO, Verdict,  # noqa: F401
+from tasks.verdict.evidence import (HEALTHY, INTEGRATION_RATIO, MIN_DRAFTS, NEAR_ZERO, Verdict,
                                     acceptance_interval, decision_thresholds, offline_interval, speed_judged)
-from tasks.verdict.rules import RULES, decide  # noqa: F401
+from tasks.verdict.rules import RULES, decide
+
+__all__ = ["HEALTHY", "INTEGRATION_RATIO", "MIN_DRAFTS", "NEAR_ZERO", "RULES", "Verdict", "acceptance_interval",
+           "arm_verdicts", "decide", "decision_thresholds", "offline_interval", "speed_judged", "throughput_lines",
+           "verdict"]
 
 
 def throughput_lines(results: list[ArmResult]) -> list[str]:

@@ -318,7 +318,7 @@ def other_engine_path(c: Case) -> Verdict | None:
 
 
 def training_quality(c: Case) -> Verdict:
-    (lo, hi), (c_lo, _) = c.interval, acceptance_interval(c.ctrl.metrics)
+    (_, hi), (c_lo, _) = c.interval, acceptance_interval(c.ctrl.metrics)
     return Verdict("training_quality", c.evidence + [
         f"candidate significantly below the control (upper {hi:.3f} < control lower {c_lo:.3f}) with no static "
         f"fault: the drafter itself predicts worse"], "train longer or on data closer to the served prompts")
