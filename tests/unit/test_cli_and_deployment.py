@@ -1,4 +1,5 @@
 import inspect
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,34 @@ def test_prefect_deployment_points_at_the_diagnose_flow():
     flow = load_flow_from_entrypoint(str(ROOT / deployment["entrypoint"]))
     assert flow.name == "diagnose"
     assert set(deployment["parameters"]) <= set(inspect.signature(flow.fn).parameters)
+
+
+@pytest.mark.parametrize("at_deploy", [True, False], ids=["set-at-deploy", "set-on-worker"])
+def test_prefect_yaml_finds_the_checkout_whether_specdiag_home_is_set_at_deploy_time_or_on_the_worker(
+        at_deploy, tmp_path, monkeypatch):
+    """prefect.yaml's pull step as Prefect treats it: `prefect deploy` substitutes the environment it runs in and
+    keeps what is unset (remove_notset=False); the worker's run of the pull steps substitutes its own."""
+    import asyncio
+
+    from prefect.deployments.steps.core import run_steps
+    from prefect.utilities.templating import apply_values
+
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    def environment(has_home: bool) -> None:
+        if has_home:
+            monkeypatch.setenv("SPECDIAG_HOME", str(checkout))
+        else:
+            monkeypatch.delenv("SPECDIAG_HOME", raising=False)
+
+    environment(at_deploy)  # the shell that runs `prefect deploy`
+    pull = apply_values(spec, os.environ, remove_notset=False)["pull"]  # what prefect deploy stores
+    assert ("{{ $SPECDIAG_HOME }}" in str(pull)) is not at_deploy
+    environment(not at_deploy)  # the worker's
+    monkeypatch.chdir(tmp_path)
+    out = asyncio.run(run_steps(pull))
+    assert Path.cwd() == checkout and out is not None
 
 
 def test_probe_host_prompt_set_and_early_stop_flags_reach_the_profile():
