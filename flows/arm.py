@@ -14,7 +14,7 @@ from infra.config import Profile
 from infra.executor import executor_for
 from infra.hostlock import host_lock
 from infra.stats import mean_interval
-from infra.tracking import Tracker, interruption, signal_name
+from infra.tracking import ROLE_COLORS, RUN_COLOR, Tracker, interruption, signal_name
 from tasks.acceptance import request_metrics
 from tasks.bench import benchmark, sweep, sweep_metrics, warmup
 from tasks.cleanup import cleanup
@@ -34,7 +34,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
     blockers: static findings that make a server load pointless; the arm then fails before its server starts."""
     tracker = Tracker(tracking_uri)
     tags = {"specdiag.kind": "arm", "specdiag.arm": arm.name, "specdiag.drafter": arm.drafter or "none",
-            "specdiag.role": arm.role, "specdiag.probe": arm.probe or "none"}
+            "specdiag.role": arm.role, "specdiag.probe": arm.probe or "none", RUN_COLOR: ROLE_COLORS[arm.role]}
     run_name = arm.name if arm.role == "baseline" else f"{arm.role}: {arm.name}"  # the MLflow table's first column
     result = ArmResult(arm.name, arm.role, tracker.start(experiment_id, run_name, tags, parent=parent_run_id),
                        probe=arm.probe, method=arm.spec.method if arm.spec else "",

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from prefect import task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
-from infra.tracking import Tracker  # noqa: E402
+from infra.tracking import ROLE_COLORS, Tracker  # noqa: E402
 from tasks.record import ArmResult  # noqa: E402
 from tasks.speedup import speed_models  # noqa: E402
 
@@ -27,7 +27,7 @@ def draw(results: list[ArmResult], out: Path) -> list[Path]:
     for r in results:
         curve = per_position(r.metrics)
         if curve:
-            ax.plot(range(len(curve)), curve, marker="o", label=r.arm)
+            ax.plot(range(len(curve)), curve, marker="o", label=r.arm, color=ROLE_COLORS.get(r.role))
             longest = max(longest, len(curve))
     ax.set_xticks(range(longest))
     ax.set(xlabel="draft position", ylabel="acceptance rate (of drafts)", ylim=(-0.02, 1.02),
@@ -40,7 +40,7 @@ def draw(results: list[ArmResult], out: Path) -> list[Path]:
     ok = [r for r in results if r.ok and "output_tok_s" in r.metrics]
     fig, ax = plt.subplots(figsize=(6, 4))
     bars = ax.bar([r.arm for r in ok], [r.metrics["output_tok_s"] for r in ok],
-                  color=["grey" if r.role == "baseline" else "tab:blue" for r in ok])
+                  color=[ROLE_COLORS.get(r.role, "tab:blue") for r in ok])
     for bar, r in zip(bars, ok):
         if "speedup_vs_baseline" in r.metrics:
             ax.annotate(f"{r.metrics['speedup_vs_baseline']:.3f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),

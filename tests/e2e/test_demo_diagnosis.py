@@ -30,6 +30,8 @@ def test_demo_diagnosis_records_every_arm(cli, mlflow_uri, no_servers_left):
     assert client.get_experiment(parent.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
     assert "sys/diagnosis_wall_s" in parent.data.metrics
     assert {r.info.run_name for r in arms.values()} == {"baseline", "candidate: smol-permuted", "control: smol-self"}
+    assert [arms[a].data.tags["mlflow.runColor"] for a in ("baseline", "smol-permuted", "smol-self")] == [
+        "#7f7f7f", "#d62728", "#2ca02c"]  # MLflow's charts: the baseline grey, candidate red, control green
 
     for name, run in arms.items():
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
