@@ -39,7 +39,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
     result = ArmResult(arm.name, arm.role, tracker.start(experiment_id, run_name, tags, parent=parent_run_id),
                        probe=arm.probe, method=arm.spec.method if arm.spec else "",
                        k=arm.spec.num_speculative_tokens if arm.spec else 0)
-    bench_cfg = cfg.bench.model_copy(update={"endpoint": arm.endpoint}) if arm.endpoint else cfg.bench
+    bench_cfg = cfg.bench.model_copy(update=dict(arm.bench))
     ev, server, params, start = ArmEvidence(metrics=dict(offline or {})), None, {}, time.monotonic()
     if arm.spec and arm.spec.expected_acceptance is not None:
         ev.metrics["expected_acceptance"] = arm.spec.expected_acceptance

@@ -25,7 +25,7 @@ class Arm:
     drafter: str | None  # registry name, a checkpoint path, or None for the baseline
     spec: DrafterConfig | None
     probe: str = ""  # the probe that derived this arm from the candidate
-    endpoint: str | None = None  # benchmark endpoint for this arm only (raw_prompts probe)
+    bench: tuple[tuple[str, object], ...] = ()  # benchmark settings for this arm only (raw_prompts, temperature, thinking)
     target_args: tuple[str, ...] | None = None  # server arguments for this arm only (graphs probe)
     mapping_from: str | None = None  # take d2t/t2d from this checkpoint (control_mapping probe)
 
@@ -88,31 +88,64 @@ def plan_arms(profile: Profile) -> list[Arm]:
     return arms
 
 
+def _k_sweep(profile: Profile, cand: Arm, ctrl: Arm | None) -> list[Arm]:
+    """The candidate at each other k of profile.k_sweep: the speed model and the verdict read measured vs predicted."""
+    return [Arm(f"{cand.name}@k={k}", "probe", cand.drafter, cand.spec.model_copy(
+        update={"num_speculative_tokens": k}), "k_sweep") for k in profile.k_sweep
+        if k != cand.spec.num_speculative_tokens]
+
+
+def _graphs(profile: Profile, cand: Arm, ctrl: Arm | None) -> list[Arm]:
+    """CUDA graphs / torch.compile on or off (--enforce-eager), everything else equal."""
+    eager = "--enforce-eager" in profile.target.args
+    args = [a for a in profile.target.args if a != "--enforce-eager"] if eager \
+        else [*profile.target.args, "--enforce-eager"]
+    return [Arm(f"{cand.name}@{'graphs' if eager else 'eager'}", "probe", cand.drafter, cand.spec, "graphs",
+                target_args=tuple(args))]
+
+
+def _raw_prompts(profile: Profile, cand: Arm, ctrl: Arm | None) -> list[Arm]:
+    """The same prompts without (or with) the chat template."""
+    other = "completions" if profile.bench.endpoint == "chat" else "chat"
+    return [Arm(f"{cand.name}@{'raw' if other == 'completions' else 'chat'}", "probe", cand.drafter, cand.spec,
+                "raw_prompts", bench=(("endpoint", other),))]
+
+
+def _temperature(profile: Profile, cand: Arm, ctrl: Arm | None) -> list[Arm]:
+    """Greedy against the served sampling temperature (bench.temperature), or T=1 when the benchmark is greedy."""
+    other = 0.0 if profile.bench.temperature > 0 else 1.0
+    return [Arm(f"{cand.name}@T={other:g}", "probe", cand.drafter, cand.spec, "temperature",
+                bench=(("temperature", other),))]
+
+
+def _thinking(profile: Profile, cand: Arm, ctrl: Arm | None) -> list[Arm]:
+    """A reasoning target's chat template with thinking switched the other way (bench.thinking_kwarg: the template's
+    variable, e.g. Kimi-K2.5 `thinking`, Qwen3 `enable_thinking`; a template without it is unchanged)."""
+    key, kwargs = profile.bench.thinking_kwarg, dict(profile.bench.chat_template_kwargs)
+    if profile.bench.endpoint != "chat":
+        raise SpecdiagError("probe thinking switches a chat-template kwarg: it needs bench.endpoint chat")
+    kwargs[key] = not kwargs.get(key, True)
+    return [Arm(f"{cand.name}@{key}={str(kwargs[key]).lower()}", "probe", cand.drafter, cand.spec, "thinking",
+                bench=(("chat_template_kwargs", kwargs),))]
+
+
+def _control_mapping(profile: Profile, cand: Arm, ctrl: Arm | None) -> list[Arm]:
+    """The candidate head with the control's d2t/t2d."""
+    if not ctrl or cand.spec.method != "eagle3" or ctrl.spec.method != "eagle3":
+        raise SpecdiagError("probe control_mapping swaps in the control's d2t/t2d: it needs an EAGLE-3 "
+                            "candidate and an EAGLE-3 control (--control)")
+    return [Arm(f"{cand.name}@control-mapping", "probe", cand.drafter, cand.spec, "control_mapping",
+                mapping_from=ctrl.spec.model)]
+
+
+# Each probe: the candidate again with one thing changed, so that one measured difference names one cause
+# (tasks/verdict/rules.py: probes). Adding a probe is adding an entry here and its name to Profile.probes.
+PROBES = {"k_sweep": _k_sweep, "graphs": _graphs, "raw_prompts": _raw_prompts, "temperature": _temperature,
+          "thinking": _thinking, "control_mapping": _control_mapping}
+
+
 def probe_arms(profile: Profile, cand: Arm, ctrl: Arm | None) -> list[Arm]:
-    """The candidate again with one thing changed, so that one measured difference names one cause."""
-    out = []
-    for probe in profile.probes:
-        if probe == "k_sweep":
-            out += [Arm(f"{cand.name}@k={k}", "probe", cand.drafter, cand.spec.model_copy(
-                update={"num_speculative_tokens": k}), probe) for k in profile.k_sweep
-                if k != cand.spec.num_speculative_tokens]
-        elif probe == "graphs":  # CUDA graphs / torch.compile on or off, everything else equal
-            eager = "--enforce-eager" in profile.target.args
-            args = [a for a in profile.target.args if a != "--enforce-eager"] if eager \
-                else [*profile.target.args, "--enforce-eager"]
-            out.append(Arm(f"{cand.name}@{'graphs' if eager else 'eager'}", "probe", cand.drafter, cand.spec,
-                           probe, target_args=tuple(args)))
-        elif probe == "raw_prompts":  # the same prompts without (or with) the chat template
-            other = "completions" if profile.bench.endpoint == "chat" else "chat"
-            out.append(Arm(f"{cand.name}@{'raw' if other == 'completions' else 'chat'}", "probe", cand.drafter,
-                           cand.spec, probe, endpoint=other))
-        elif probe == "control_mapping":
-            if not ctrl or cand.spec.method != "eagle3" or ctrl.spec.method != "eagle3":
-                raise SpecdiagError("probe control_mapping swaps in the control's d2t/t2d: it needs an EAGLE-3 "
-                                    "candidate and an EAGLE-3 control (--control)")
-            out.append(Arm(f"{cand.name}@control-mapping", "probe", cand.drafter, cand.spec, probe,
-                           mapping_from=ctrl.spec.model))
-    return out
+    return [arm for probe in profile.probes for arm in PROBES[probe](profile, cand, ctrl)]
 
 
 def validate_inputs(profile: Profile, arms: list[Arm]) -> None:
@@ -215,7 +248,8 @@ def plan_server(profile: Profile, arm: Arm, workdir: str) -> ServerPlan:
     params = {
         "arm_role": arm.role,
         "probe": arm.probe or "none",
-        "bench_endpoint": arm.endpoint or profile.bench.endpoint,
+        **{f"bench_{k}": json.dumps(v, sort_keys=True) if isinstance(v, dict) else str(v)
+           for k, v in dict((("endpoint", profile.bench.endpoint),) + arm.bench).items()},
         "spec_method": arm.spec.method if arm.spec else "none",
         "num_speculative_tokens": str(arm.spec.num_speculative_tokens if arm.spec else 0),
         "drafter_path": drafter_path or "none",

@@ -127,6 +127,9 @@ class BenchConfig(_Strict):
     temperature: float = Field(default=0.0, ge=0.0)
     concurrency: int = Field(default=1, ge=1)
     endpoint: Literal["chat", "completions"] = "chat"
+    # Sent with every chat request (vLLM's chat_template_kwargs), e.g. {thinking: false} for Kimi-K2.5 instant mode.
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    thinking_kwarg: str = "enable_thinking"  # the template's thinking switch, for the thinking probe (Kimi: thinking)
     request_timeout_s: float = Field(default=300.0, gt=0)
     request_rate: float | None = Field(default=None, gt=0)  # Poisson arrivals (req/s); None = back to back
     # After the measured window, the same prompts again at each of these concurrencies, on the same server
@@ -170,7 +173,8 @@ class Profile(_Strict):
     offline_eval: Literal["eagle3", "all", "none"] = "eagle3"
     offline: OfflineConfig = Field(default_factory=OfflineConfig)
     # Probe arms derived from the candidate (see infra/arms.py: probe_arms), each one more server launch.
-    probes: list[Literal["k_sweep", "graphs", "raw_prompts", "control_mapping"]] = Field(default_factory=list)
+    probes: list[Literal["k_sweep", "graphs", "raw_prompts", "temperature", "thinking", "control_mapping"]] = Field(
+        default_factory=list)
     k_sweep: list[int] = Field(default_factory=lambda: [1, 2, 4, 6])
     # Launch an arm even when a static check found a fault that makes its server load pointless (tasks/inspect.GATING)
     force: bool = False

@@ -79,7 +79,8 @@ def _payload(cfg: BenchConfig, model: str, prompt: str, max_tokens: int) -> tupl
     body = {"model": model, "max_tokens": max_tokens, "temperature": cfg.temperature, "stream": True,
             "stream_options": {"include_usage": True}}
     if cfg.endpoint == "chat":
-        return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": prompt}]}
+        kwargs = {"chat_template_kwargs": cfg.chat_template_kwargs} if cfg.chat_template_kwargs else {}
+        return "/v1/chat/completions", {**body, **kwargs, "messages": [{"role": "user", "content": prompt}]}
     return "/v1/completions", {**body, "prompt": prompt}
 
 

@@ -15,7 +15,7 @@ from tasks.offline import OfflineResult
 from tasks.record import ArmResult
 from tasks.speedup import k_sweep, speed_models
 from tasks.verdict.evidence import (HEALTHY, INTEGRATION_RATIO, MIN_DRAFTS, NEAR_ZERO, Verdict,
-                                    acceptance_interval, decision_thresholds, offline_interval, speed_judged)
+                                    acceptance_interval, decision_thresholds, fmt, offline_interval, speed_judged)
 from tasks.verdict.rules import RULES, decide
 
 __all__ = ["HEALTHY", "INTEGRATION_RATIO", "MIN_DRAFTS", "NEAR_ZERO", "RULES", "Verdict", "acceptance_interval",
@@ -57,6 +57,8 @@ def arm_verdicts(results: list[ArmResult], findings: dict[str, list[Finding]],
 def verdict(tracker: Tracker, parent_run_id: str, results: list[ArmResult],
             findings: dict[str, list[Finding]], offline: OfflineResult | None = None) -> Verdict:
     v = decide(results, findings, offline)
+    v.evidence += [fmt(p.arm, p.metrics) + f" (probe {p.probe})" for p in results if p.role == "probe" and p.ok
+                   and not any(e.startswith(f"{p.arm}: acceptance") for e in v.evidence)]  # read or not, shown
     v.evidence += [line for line in throughput_lines(results) if line not in v.evidence]
     sweep, _ = k_sweep(results)
     if sweep:

@@ -187,23 +187,39 @@ def draft_overhead(v: Verdict, results: list[ArmResult]) -> Verdict:
                    f"{sm.tokens_per_step:.3f} tokens"], pays)
 
 
+# What a probe arm's clear difference from the candidate names: (either direction counts, cause, why, what to do).
+# The control_mapping probe counts only upwards: the control's mapping can only help a head whose own is wrong.
+PROBE_CAUSES = {
+    "control_mapping": (False, "vocab_mismatch", "with the control's d2t/t2d the same head accepts far more: its own "
+                        "vocabulary mapping is wrong", "regenerate the candidate's d2t/t2d from the data it was "
+                        "trained on, or reuse the control's"),
+    "graphs": (True, "integration", "acceptance changes with CUDA graphs / compilation alone: the engine's graph "
+               "path runs the drafter differently", "serve the drafter eager (speculative config enforce_eager) and "
+               "report it to the engine"),
+    "raw_prompts": (True, "template_mismatch", "the same prompts with and without the chat template give very "
+                    "different acceptance: the drafter was trained on another prompt format than it is served with",
+                    "benchmark and train with the serving chat template"),
+    "thinking": (True, "template_mismatch", "the same prompts with the template's thinking switched give very "
+                 "different acceptance: the drafter was trained with thinking the other way than it is served",
+                 "serve with the thinking mode the drafter was trained on, or train it on the served mode "
+                 "(chat_template_kwargs)"),
+    "temperature": (True, "sampling_mismatch", "greedy and sampled decoding accept very differently: the drafter "
+                    "matches the target's top token but not its sampled distribution", "judge it at the served "
+                    "temperature; train on sampled target outputs, or lower k for sampled traffic"),
+}
+
+
 def probes(c: Case) -> Verdict | None:
-    """One probe arm changed one thing; a large, significant change names the cause."""
-    m, evidence = c.m, c.evidence
-    for p in (r for r in c.results if r.role == "probe" and r.ok):
+    """One probe arm changed one thing; a large, significant change names the cause. A probe that changes nothing
+    clear stays in the evidence: that thing was checked."""
+    quiet = []
+    for p in (r for r in c.results if r.role == "probe" and r.ok and r.probe in PROBE_CAUSES):
+        both, cause, why, fix = PROBE_CAUSES[p.probe]
         line = fmt(p.arm, p.metrics) + f" (probe {p.probe})"
-        if p.probe == "control_mapping" and differs(p.metrics, m):
-            return Verdict("vocab_mismatch", evidence + [line, "with the control's d2t/t2d the same head accepts far "
-                           "more: its own vocabulary mapping is wrong"], "regenerate the candidate's d2t/t2d from "
-                           "the data it was trained on, or reuse the control's")
-        if p.probe == "graphs" and (differs(p.metrics, m) or differs(m, p.metrics)):
-            return Verdict("integration", evidence + [line, "acceptance changes with CUDA graphs / compilation alone: "
-                           "the engine's graph path runs the drafter differently"],
-                           "serve the drafter eager (speculative config enforce_eager) and report it to the engine")
-        if p.probe == "raw_prompts" and (differs(p.metrics, m) or differs(m, p.metrics)):
-            return Verdict("template_mismatch", evidence + [line, "the same prompts with and without the chat "
-                           "template give very different acceptance: the drafter was trained on another prompt "
-                           "format than it is served with"], "benchmark and train with the serving chat template")
+        if differs(p.metrics, c.m) or (both and differs(c.m, p.metrics)):
+            return Verdict(cause, c.evidence + [line, why], fix)
+        quiet.append(f"{line}: no clear difference from the candidate")
+    c.evidence += quiet
     return None
 
 

@@ -121,6 +121,10 @@ def probe(name, kind, rate, drafts=200):
     (0.60, [probe("c@raw", "raw_prompts", 0.25)], "template_mismatch"),
     (0.25, [probe("c@raw", "raw_prompts", 0.28)], "training_quality"),  # no real difference: no claim from it
     (0.25, [probe("c@raw", "raw_prompts", 0.60, drafts=12)], "training_quality"),  # too few drafts to decide
+    (0.60, [probe("c@T=1", "temperature", 0.25)], "sampling_mismatch"),  # T=1 25% vs greedy (vllm #46878)
+    (0.25, [probe("c@T=1", "temperature", 0.23)], "training_quality"),
+    (0.20, [probe("c@enable_thinking=false", "thinking", 0.55)], "template_mismatch"),  # vllm #44244
+    (0.05, [probe("c@control-mapping", "control_mapping", 0.04)], "training_quality"),  # no better: not the map
 ])
 def test_probe_arms_name_the_cause_they_isolate(cand_rate, probes, cause):
     results = [BASE, arm("cand", "candidate", cand_rate), arm("ctl", "control", 0.99), *probes]
@@ -133,11 +137,14 @@ def test_probe_arms_are_planned_from_the_candidate():
     from infra.config import load_profile
 
     cfg = load_profile("demo", {"drafter": "smol-eagle3", "control": "smol-eagle3-scrambled",
-                                "probes": ["k_sweep", "graphs", "raw_prompts", "control_mapping"]})
+                                "probes": ["k_sweep", "graphs", "raw_prompts", "temperature", "thinking",
+                                           "control_mapping"]})
     arms = {a.name: a for a in plan_arms(cfg)}
     assert [arms[f"smol-eagle3@k={k}"].spec.num_speculative_tokens for k in (1, 2, 4, 6)] == [1, 2, 4, 6]
     assert "--enforce-eager" not in arms["smol-eagle3@graphs"].target_args
-    assert arms["smol-eagle3@raw"].endpoint == "completions"
+    assert dict(arms["smol-eagle3@raw"].bench) == {"endpoint": "completions"}
+    assert dict(arms["smol-eagle3@T=1"].bench) == {"temperature": 1.0}  # the demo benchmarks greedy
+    assert dict(arms["smol-eagle3@enable_thinking=false"].bench) == {"chat_template_kwargs": {"enable_thinking": False}}
     assert arms["smol-eagle3@control-mapping"].mapping_from == "embedded:smol-eagle3-scrambled"
     assert {a.role for a in arms.values() if "@" in a.name} == {"probe"}
 

@@ -1,0 +1,37 @@
+"""Every probe that changes how the candidate is served or benchmarked, against the real engine, in one diagnosis of
+the cheapest candidate (n-gram lookup: no drafter weights to load). Each probe arm is the candidate with one thing
+changed; the arm's run records the change, the engine takes it, and the verdict reads the arm."""
+import json
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+PROBES = ("k_sweep", "graphs", "raw_prompts", "temperature", "thinking")
+
+
+def test_each_probe_serves_the_candidate_with_one_thing_changed(cli, no_servers_left):
+    args = [x for p in PROBES for x in ("--probe", p)]
+    done = cli("--drafter", "ngram", "--no-control", *args, "--set", "k_sweep=[2]", "--prompts", "3",
+               "--max-tokens", "32")
+    assert done.returncode == 0, done.output[-3000:]
+    arms = done.arms
+    assert set(arms) == {"baseline", "ngram", "ngram@k=2", "ngram@graphs", "ngram@raw", "ngram@T=1",
+                         "ngram@enable_thinking=false"}
+    for name, run in arms.items():
+        assert run.info.status == "FINISHED", name
+        assert run.data.metrics["sys/requests_ok"] == 3 and run.data.metrics["sys/output_tokens"] > 0, name
+        if name != "baseline":
+            assert "acceptance_rate" in run.data.metrics and run.data.metrics["num_drafts"] > 0, name
+    params = {name: run.data.params for name, run in arms.items()}
+    assert {params[a]["probe"] for a in arms if "@" in a} == set(PROBES)
+    assert params["ngram@k=2"]["num_speculative_tokens"] == "2"
+    # graphs: the one arm whose server compiles (no --enforce-eager); every other keeps the profile's eager flag
+    assert "--enforce-eager" not in params["ngram@graphs"]["server_cmd"]
+    assert all("--enforce-eager" in params[a]["server_cmd"] for a in arms if a != "ngram@graphs")
+    assert params["ngram@raw"]["bench_endpoint"] == "completions" and params["ngram"]["bench_endpoint"] == "chat"
+    assert params["ngram@T=1"]["bench_temperature"] == "1.0"
+    assert json.loads(params["ngram@enable_thinking=false"]["bench_chat_template_kwargs"]) == {"enable_thinking": False}
+    verdict = done.artifact_text(done.parent, "verdict.md")
+    assert "k_sweep" in verdict and "k=2" in verdict  # predicted vs measured per k
+    assert all(f"{a}: acceptance" in verdict for a in arms if "@" in a), verdict  # every probe's own line
