@@ -22,6 +22,7 @@ from infra.config import DrafterRef, NoControl, ProfileRef, SpecdiagError, load_
 from infra.tracking import Tracker, check_store, interrupted_where, interruption, signal_name
 from infra.promptsets import load as load_prompts
 from tasks.compare import compare, comparison_markdown
+from tasks.confirm import confirm, fix_arm
 from tasks.inspect import findings_markdown, inspect_arms
 from tasks.offline import offline_eval
 from tasks.plots import plots
@@ -77,6 +78,9 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
                                        offline.metrics.get(arm.name), base, blockers))
         table = compare(tracker, parent, results)
         decision = verdict(tracker, parent, results, findings, offline)
+        if cfg.confirm:
+            where = (experiment, parent, workdir)
+            decision, table = _confirmed(cfg, decision, drafters, results, tracker, where, prompts)
         tracker.note(parent, decision.markdown() + "\n\n## Arms\n\n" + comparison_markdown(table))
         report(tracker, parent, experiment, results, decision, static, plots(tracker, parent, results), title)
         tracker.metrics(parent, {"diagnosis_wall_s": time.monotonic() - start})
@@ -92,6 +96,18 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
     print("\n" + decision.markdown())
     print(f"\nMLflow: {tracker.run_url(experiment, parent)}")
     return results
+
+
+def _confirmed(cfg, decision, drafters, results, tracker, where, prompts):
+    """--confirm: the verdict's fix served as one more arm (none where the evidence already is the intervention)."""
+    experiment, parent, workdir = where
+    arm, why = fix_arm(cfg, decision, drafters)
+    if arm:
+        base = next((r.request_tok_s for r in results if r.role == "baseline" and r.ok), None)
+        with tracker.interrupts(parent, arm.name):
+            results.append(run_arm(cfg, resolved_drafters([arm])[0], tracker.uri, experiment, parent, workdir,
+                                   prompts, None, base, []))
+    return confirm(tracker, parent, decision, results, why), compare(tracker, parent, results)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ from infra.eagle3 import with_mapping
 from infra.executor import LocalExecutor, executor_for
 from infra.config import PROJECT_ROOT, DrafterConfig, Profile, SpecdiagError
 
-Role = Literal["baseline", "candidate", "control", "extra", "probe"]
+Role = Literal["baseline", "candidate", "control", "extra", "probe", "confirm"]
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Arm:
     drafter: str | None  # registry name, a checkpoint path, or None for the baseline
     spec: DrafterConfig | None
     probe: str = ""  # the probe that derived this arm from the candidate
-    bench: tuple[tuple[str, object], ...] = ()  # benchmark settings for this arm only (raw_prompts, temperature, thinking)
+    bench: tuple[tuple[str, object], ...] = ()  # benchmark settings of this arm only (raw_prompts, temperature...)
     target_args: tuple[str, ...] | None = None  # server arguments for this arm only (graphs probe)
     mapping_from: str | None = None  # take d2t/t2d from this checkpoint (control_mapping probe)
 

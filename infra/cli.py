@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from infra.arms import PROBES
 from infra.config import known_profiles
 
 EPILOG = """examples:
@@ -28,11 +29,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-control", action="store_true", help="run without a control arm")
     p.add_argument("--arms", nargs="*", default=None, metavar="DRAFTER", help="extra arms after the control")
     p.add_argument("--probe", dest="probes", action="append", default=None,
-                   choices=["k_sweep", "graphs", "raw_prompts", "control_mapping"],
+                   choices=list(PROBES),
                    help="add probe arms derived from the candidate (repeatable)")
     p.add_argument("--host", help="run the servers on this host of the profile's inventory (e.g. over SSH)")
     p.add_argument("--prompt-set", metavar="NAME|PATH", help="chat, math, code, long, or a JSONL / ShareGPT file")
     p.add_argument("--early-stop", action="store_true", help="end each arm once its numbers are precise enough")
+    p.add_argument("--confirm", action="store_true", help="run the fix the verdict implies as one more arm and say "
+                   "whether it helps (confirmed / not confirmed)")
     p.add_argument("--force", action="store_true",
                    help="launch arms whose static checks found a fault that makes the load pointless")
     p.add_argument("--hidden-states", metavar="DIR", help="offline evaluation from these dumps on the host "
@@ -53,7 +56,7 @@ def overrides(args: argparse.Namespace) -> dict:
            "bench.num_prompts": args.prompts, "bench.max_tokens": args.max_tokens,
            "bench.concurrency": args.concurrency, "target.port": args.port, "probes": args.probes,
            "host": args.host, "bench.prompts": args.prompt_set, "bench.early_stop": args.early_stop or None,
-           "force": args.force or None, "offline.hidden_states": args.hidden_states}
+           "force": args.force or None, "confirm": args.confirm or None, "offline.hidden_states": args.hidden_states}
     if args.no_control:
         out["control"] = ""
     return out

@@ -178,6 +178,7 @@ class Profile(_Strict):
     k_sweep: list[int] = Field(default_factory=lambda: [1, 2, 4, 6])
     # Launch an arm even when a static check found a fault that makes its server load pointless (tasks/inspect.GATING)
     force: bool = False
+    confirm: bool = False  # run the verdict's fix as one more arm (tasks/confirm.py)
 
     @model_validator(mode="after")
     def _pick_host(self) -> "Profile":

@@ -96,7 +96,7 @@ def metric_key(name: str) -> str:
 # baseline grey, the candidate red, the control green, far apart rather than MLflow's neighbouring blues.
 RUN_COLOR = "mlflow.runColor"
 ROLE_COLORS = {"baseline": "#7f7f7f", "candidate": "#d62728", "control": "#2ca02c", "extra": "#ff7f0e",
-               "probe": "#9467bd"}
+               "probe": "#9467bd", "confirm": "#17becf"}
 
 EXPERIMENT_KIND = "mlflow.experimentKind"  # MLflow 3's UI picks GenAI or model-development views from it
 NOTE = "mlflow.note.content"

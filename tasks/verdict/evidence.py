@@ -48,6 +48,9 @@ class Verdict:
     cause: str
     evidence: list[str] = field(default_factory=list)
     next_step: str = ""
+    # The fix the cause implies, for --confirm: {"num_speculative_tokens": k}, {"probe": NAME} (the probe arm that
+    # applies it), or {"confirmed_by": WHAT} when the evidence already is the intervention (offline, a probe arm).
+    fix: dict = field(default_factory=dict)
 
     def markdown(self) -> str:
         lines = [f"# Verdict: `{self.cause}`", "", "Evidence:", *[f"- {e}" for e in self.evidence]]

@@ -74,7 +74,8 @@ def spec_disabled(c: Case) -> Verdict | None:
                        "check that the speculative config reaches the engine (server_cmd, server log)")
     if c.cand.ok and c.m.get("num_drafts", 0) == 0 and c.m.get("output_tokens", 0) > 0:
         return Verdict("spec_disabled", [f"{c.cand.arm}: {c.m.get('output_tokens', 0):.0f} tokens generated, "
-                                         f"0 drafts proposed"], "the drafter never proposed: check the speculative config")
+                                         f"0 drafts proposed"],
+                       "the drafter never proposed: check the speculative config")
 
 
 def candidate_failed(c: Case) -> Verdict | None:
@@ -135,7 +136,8 @@ def offline_intervention(c: Case) -> Verdict | None:
             lo, hi = offline_interval(v)
             fill = {"aux": change.get("aux"), "name": name}
             return Verdict(cause, evidence + [f"{cand.arm}: offline acceptance {rate:.3f} [95% CI {lo:.3f}-{hi:.3f}] "
-                                              f"{why.format(**fill)}"], fix.format(**fill))
+                                              f"{why.format(**fill)}"], fix.format(**fill),
+                           {"confirmed_by": "the offline evaluation"})
     return None
 
 
@@ -175,16 +177,19 @@ def draft_overhead(v: Verdict, results: list[ArmResult]) -> Verdict:
         return v
     below = "below 1" if sm.measured[2] < 1.0 else f"under half of the {sm.tokens_per_step:.3f} tokens a step emits"
     _, best_measured = k_sweep(results)
+    fix = {}
     if best_measured is not None and best_measured != sm.k:
-        pays = f"serve it with k={best_measured} (the best measured in the k_sweep)"
+        pays, fix = f"serve it with k={best_measured} (the best measured in the k_sweep)", \
+            {"confirmed_by": f"the k_sweep arm at k={best_measured}"}
     elif sm.best_k and sm.best_k != sm.k and sm.predicted[sm.best_k] >= PAYING_SPEEDUP:
         pays = f"serve it with k={sm.best_k} (predicted {sm.predicted[sm.best_k]:.3f}x)"
+        fix = {"num_speculative_tokens": sm.best_k}
     else:
         pays = f"no k pays off with this drafter on this host and load (none predicted {PAYING_SPEEDUP}x or more): " \
                "use a cheaper drafter (an EAGLE-3 head, ngram) or none"
     return Verdict("draft_overhead", v.evidence + [sm.line(), f"acceptance is fine, but the measured speedup is "
                    f"{sm.measured[2]:.3f}x at best, {below}: each step costs {sm.step_cost:.3f} baseline steps for "
-                   f"{sm.tokens_per_step:.3f} tokens"], pays)
+                   f"{sm.tokens_per_step:.3f} tokens"], pays, fix)
 
 
 # What a probe arm's clear difference from the candidate names: (either direction counts, cause, why, what to do).
@@ -217,7 +222,7 @@ def probes(c: Case) -> Verdict | None:
         both, cause, why, fix = PROBE_CAUSES[p.probe]
         line = fmt(p.arm, p.metrics) + f" (probe {p.probe})"
         if differs(p.metrics, c.m) or (both and differs(c.m, p.metrics)):
-            return Verdict(cause, c.evidence + [line, why], fix)
+            return Verdict(cause, c.evidence + [line, why], fix, {"confirmed_by": f"the probe arm {p.arm}"})
         quiet.append(f"{line}: no clear difference from the candidate")
     c.evidence += quiet
     return None
@@ -239,7 +244,8 @@ def context_limit(c: Case) -> Verdict | None:
                         f"within its declared range" if "seqpos_0_drafted" in m else
                         f"{cand.arm}: no acceptance by position (the engine gave no per-request counts)")
         return None
-    (b_lo, b_hi), beyond = wilson(ba / k, bd / k), f"beyond position {limit}: {ba:.0f} of {bd:.0f} draft tokens accepted"
+    (b_lo, b_hi) = wilson(ba / k, bd / k)
+    beyond = f"beyond position {limit}: {ba:.0f} of {bd:.0f} draft tokens accepted"
     if wd < MIN_DRAFTS * k:
         if b_lo >= HEALTHY:
             return None
@@ -263,7 +269,8 @@ def vocab_near_zero(c: Case) -> Verdict | None:
     if c.interval[1] < NEAR_ZERO and c.vocab_errors:
         return Verdict("vocab_mismatch", c.evidence + [
             "near-zero acceptance together with a vocabulary-mapping fault found in the checkpoint"],
-            "regenerate or restore the drafter's vocabulary mapping (d2t/t2d, embedding rows)")
+            "regenerate or restore the drafter's vocabulary mapping (d2t/t2d, embedding rows)",
+            {"probe": "control_mapping"})
 
 
 def integration_offline(c: Case) -> Verdict | None:
@@ -315,7 +322,7 @@ def versus_control(c: Case) -> Verdict | None:
 def vocab_below_control(c: Case) -> Verdict | None:
     if c.vocab_errors:
         return Verdict("vocab_mismatch", c.evidence + ["candidate below control, with a vocabulary-mapping fault"],
-                       "restore the drafter's vocabulary mapping")
+                       "restore the drafter's vocabulary mapping", {"probe": "control_mapping"})
 
 
 def other_engine_path(c: Case) -> Verdict | None:

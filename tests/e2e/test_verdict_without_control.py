@@ -27,7 +27,7 @@ def test_self_drafting_is_draft_overhead_and_a_short_context_drafter_is_context_
         (ROOT / "infra/prompts/long.jsonl").read_text().splitlines()
     (tmp_path / "mixed.jsonl").write_text("\n".join(x for pair in zip(chat[:5], long[:5]) for x in pair) + "\n")
     done = cli("--drafter", "smol-self", "--no-control", "--arms", "smol-self-short", "--prompt-set",
-               str(tmp_path / "mixed.jsonl"), "--prompts", "8", "--max-tokens", "64")
+               str(tmp_path / "mixed.jsonl"), "--prompts", "8", "--max-tokens", "64", "--confirm")
     assert done.returncode == 0, done.output[-3000:]
     m = done.arms["smol-self"].data.metrics
     assert m["acceptance_rate"] > 0.9 and m["tokens_per_step"] > 4.5
@@ -35,12 +35,20 @@ def test_self_drafting_is_draft_overhead_and_a_short_context_drafter_is_context_
     # each request's own counts (--per-request-spec-decode-metrics) add up to the server's counters
     assert m["spec_requests"] == 8 and m["acceptance_rate_req"] == pytest.approx(m["acceptance_rate"], abs=0.02)
     assert done.parent.data.tags["specdiag.verdict"] == "draft_overhead"
-    verdict = done.artifact_text(done.parent, "verdict.md")
+    verdict = done.artifact_text(done.parent, "verdict.md")  # written again by --confirm
     assert "tokens per step at k=4" in verdict and "the measured speedup is" in verdict
     # what to do next hangs on the host: a smaller k predicted to gain 1.1x or more, or none pays off
     advice = verdict.split("Next:")[1]
     paying = re.search(r"serve it with k=([123]) \(predicted (\d+\.\d+)x\)", advice)
     assert "no k pays off" in advice or (paying and float(paying[2]) >= 1.1), advice
+    # --confirm serves the recommended k as one more arm and judges its paired speedup against the candidate's
+    confirmed = done.parent.data.tags["specdiag.confirmed"]
+    if paying:
+        fix = done.arms[f"smol-self@fix-k={paying[1]}"]
+        assert fix.data.tags["specdiag.role"] == "confirm" and fix.data.params["num_speculative_tokens"] == paying[1]
+        assert confirmed in ("confirmed", "not confirmed") and f"--confirm: `{confirmed}`: smol-self@fix-k=" in verdict
+    else:
+        assert confirmed == "not run" and "--confirm: no fix that one more arm can apply" in verdict
     short = done.arms["smol-self-short"].data
     assert short.tags["specdiag.arm_verdict"] == "context_limit"
     before = short.metrics["seqpos_0_accepted"] / short.metrics["seqpos_0_drafted"]
