@@ -15,5 +15,5 @@ def test_noisy_drafter_is_named_training_quality(cli, no_servers_left):
     assert done.parent.data.tags["specdiag.verdict"] == "training_quality"
     # the control accepts everything: 30 drafts put its interval clear of the verdict's thresholds, well before
     # the 8-request cap (a broken mid-window counter read would leave only the tok/s rule, without "acceptance")
-    assert control.metrics["requests_ok"] < 8 and control.metrics["early_stopped"] == 1.0
+    assert control.metrics["sys/requests_ok"] < 8 and control.metrics["sys/early_stopped"] == 1.0
     assert "acceptance" in control.tags["specdiag.early_stop"]

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.e2e
 def test_drafter_that_never_drafts_is_named_spec_disabled(cli, no_servers_left):
     done = cli("--drafter", "ngram-never", "--no-control")
     cand = done.arms["ngram-never"].data
-    assert cand.metrics["num_drafts"] == 0 and cand.metrics["output_tokens"] > 0
+    assert cand.metrics["num_drafts"] == 0 and cand.metrics["sys/output_tokens"] > 0
     assert done.parent.data.tags["specdiag.verdict"] == "spec_disabled"
 
 
