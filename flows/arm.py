@@ -2,6 +2,7 @@
 # No `from __future__ import annotations` here: a served run's process gets this flow's function pickled by value,
 # with only the globals its code uses, so string annotations ('Profile') cannot be resolved there.
 
+import json
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -12,6 +13,7 @@ from infra import vllm
 from infra.arms import Arm, local_dir, plan_server
 from infra.config import Profile
 from infra.executor import executor_for
+from infra.fingerprint import digest
 from infra.hostlock import host_lock
 from infra.stats import mean_interval
 from infra.tracking import ROLE_COLORS, RUN_COLOR, Tracker, interruption, signal_name
@@ -21,6 +23,7 @@ from tasks.cleanup import cleanup
 from tasks.health import wait_healthy
 from tasks.launch import launch_server
 from tasks.record import ArmEvidence, ArmResult, record_arm
+from tasks.reuse import FINGERPRINT
 from tasks.scrape import counter_metrics, log_crosscheck, scrape, spec_totals, spec_window
 from tasks.teardown import stop_unreturned, teardown
 from tasks.verdict import decision_thresholds, speed_judged
@@ -29,16 +32,22 @@ from tasks.verdict import decision_thresholds, speed_judged
 @flow(name="arm", flow_run_name="arm-{arm.name}", log_prints=True)
 def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, parent_run_id: str,
             workdir: str, prompts: list[str], offline: dict[str, float] | None = None,
-            baseline_tok_s: list[float] | None = None, blockers: list[str] | None = None) -> ArmResult:
+            baseline_tok_s: list[float] | None = None, blockers: list[str] | None = None,
+            fingerprint: dict | None = None) -> ArmResult:
     """baseline_tok_s: the baseline arm's per-request tok/s, once measured: the early stop compares with it.
-    blockers: static findings that make a server load pointless; the arm then fails before its server starts."""
+    blockers: static findings that make a server load pointless; the arm then fails before its server starts.
+    fingerprint: what decides the measurement (infra/fingerprint.py): tagged by digest, so a later diagnosis reuses it."""
     tracker = Tracker(tracking_uri)
     tags = {"specdiag.kind": "arm", "specdiag.arm": arm.name, "specdiag.drafter": arm.drafter or "none",
             "specdiag.role": arm.role, "specdiag.probe": arm.probe or "none", RUN_COLOR: ROLE_COLORS[arm.role]}
+    if fingerprint:
+        tags[FINGERPRINT] = digest(fingerprint)
     run_name = arm.name if arm.role == "baseline" else f"{arm.role}: {arm.name}"  # the MLflow table's first column
     result = ArmResult(arm.name, arm.role, tracker.start(experiment_id, run_name, tags, parent=parent_run_id),
                        probe=arm.probe, method=arm.spec.method if arm.spec else "",
                        k=arm.spec.num_speculative_tokens if arm.spec else 0)
+    if fingerprint:
+        tracker.text(result.run_id, json.dumps(fingerprint, indent=1, sort_keys=True, default=str), "fingerprint.json")
     bench_cfg = cfg.bench.model_copy(update=dict(arm.bench))
     ev, server, params, start = ArmEvidence(metrics=dict(offline or {})), None, {}, time.monotonic()
     if arm.spec and arm.spec.expected_acceptance is not None:

@@ -19,6 +19,7 @@ from prefect.exceptions import TerminationSignal  # noqa: E402
 from flows.arm import run_arm
 from infra.arms import plan_arms, resolved_drafters, resolved_target, run_dir, validate_inputs
 from infra.config import DrafterRef, NoControl, ProfileRef, SpecdiagError, load_profile
+from infra.fingerprint import digest
 from infra.tracking import Tracker, check_store, interrupted_where, interruption, signal_name
 from infra.promptsets import load as load_prompts
 from tasks.compare import compare, comparison_markdown
@@ -27,6 +28,7 @@ from tasks.inspect import findings_markdown, inspect_arms
 from tasks.offline import offline_eval
 from tasks.plots import plots
 from tasks.report import report
+from tasks.reuse import fingerprints, newest_match, reuse_arm
 from tasks.record import ArmResult
 from tasks.verdict import verdict
 
@@ -69,17 +71,16 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
         static = findings_markdown(findings)
         tracker.text(parent, static, "static_checks.md")
         offline = offline_eval(cfg, drafters, target, prompts[cfg.bench.warmup:], workdir, tracker, parent)
+        prints, where = fingerprints(cfg, drafters, target, prompts), (experiment, parent, workdir)
         results: list[ArmResult] = []
         for arm in drafters:  # in order, the baseline first: later arms' early stop compares with its tok/s
-            base = next((r.request_tok_s for r in results if r.role == "baseline" and r.ok), None)
             blockers = [] if cfg.force else [f"{f.code}: {f.message}" for f in findings.get(arm.name, []) if f.gating]
             with tracker.interrupts(parent, arm.name):
-                results.append(run_arm(cfg, arm, tracker.uri, experiment, parent, workdir, prompts,
-                                       offline.metrics.get(arm.name), base, blockers))
+                results.append(_measure(cfg, arm, tracker, where, prompts, offline.metrics.get(arm.name), results,
+                                        blockers, prints[arm.name]))
         table = compare(tracker, parent, results)
         decision = verdict(tracker, parent, results, findings, offline)
         if cfg.confirm:
-            where = (experiment, parent, workdir)
             decision, table = _confirmed(cfg, decision, drafters, results, tracker, where, prompts)
         tracker.note(parent, decision.markdown() + "\n\n## Arms\n\n" + comparison_markdown(table))
         report(tracker, parent, experiment, results, decision, static, plots(tracker, parent, results), title)
@@ -96,6 +97,17 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
     print("\n" + decision.markdown())
     print(f"\nMLflow: {tracker.run_url(experiment, parent)}")
     return results
+
+
+def _measure(cfg, arm, tracker, where, prompts, offline, results, blockers, fingerprint):
+    """The arm reused from MLflow where an arm with its fingerprint succeeded before, else measured on a server."""
+    experiment, parent, workdir = where
+    found = newest_match(tracker, digest(fingerprint), cfg.reuse.max_age_h) if cfg.reuse.enabled and not blockers \
+        else None
+    if found:
+        return reuse_arm(tracker, found, arm, experiment, parent, offline)
+    base = next((r.request_tok_s for r in results if r.role == "baseline" and r.ok), None)
+    return run_arm(cfg, arm, tracker.uri, experiment, parent, workdir, prompts, offline, base, blockers, fingerprint)
 
 
 def _confirmed(cfg, decision, drafters, results, tracker, where, prompts):

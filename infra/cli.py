@@ -36,6 +36,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--early-stop", action="store_true", help="end each arm once its numbers are precise enough")
     p.add_argument("--confirm", action="store_true", help="run the fix the verdict implies as one more arm and say "
                    "whether it helps (confirmed / not confirmed)")
+    p.add_argument("--fresh", action="store_true", help="measure every arm, even where MLflow holds an arm with the "
+                   "same fingerprint (target, server args, engine version, host, prompts, benchmark, drafter files)")
+    p.add_argument("--max-age", type=float, metavar="HOURS", help="reuse only arms measured this recently "
+                   "(default 168)")
     p.add_argument("--force", action="store_true",
                    help="launch arms whose static checks found a fault that makes the load pointless")
     p.add_argument("--hidden-states", metavar="DIR", help="offline evaluation from these dumps on the host "
@@ -56,7 +60,9 @@ def overrides(args: argparse.Namespace) -> dict:
            "bench.num_prompts": args.prompts, "bench.max_tokens": args.max_tokens,
            "bench.concurrency": args.concurrency, "target.port": args.port, "probes": args.probes,
            "host": args.host, "bench.prompts": args.prompt_set, "bench.early_stop": args.early_stop or None,
-           "force": args.force or None, "confirm": args.confirm or None, "offline.hidden_states": args.hidden_states}
+           "force": args.force or None, "confirm": args.confirm or None,
+           "reuse.enabled": False if args.fresh else None, "reuse.max_age_h": args.max_age,
+           "offline.hidden_states": args.hidden_states}
     if args.no_control:
         out["control"] = ""
     return out

@@ -145,6 +145,13 @@ class BenchConfig(_Strict):
     max_bench_s: float | None = Field(default=None, gt=0)  # time budget for the measured window
 
 
+class ReuseConfig(_Strict):
+    """An arm whose fingerprint matches a successful arm in MLflow is reused, not measured again (tasks/reuse.py)."""
+
+    enabled: bool = True  # --fresh: measure every arm
+    max_age_h: float = Field(default=168.0, gt=0)  # --max-age: older measurements are not reused
+
+
 class OfflineConfig(_Strict):
     """Where the offline evaluation's target states come from (the methods it covers: Profile.offline_eval)."""
 
@@ -179,6 +186,7 @@ class Profile(_Strict):
     # Launch an arm even when a static check found a fault that makes its server load pointless (tasks/inspect.GATING)
     force: bool = False
     confirm: bool = False  # run the verdict's fix as one more arm (tasks/confirm.py)
+    reuse: ReuseConfig = Field(default_factory=ReuseConfig)
 
     @model_validator(mode="after")
     def _pick_host(self) -> "Profile":

@@ -12,7 +12,9 @@ from tasks.record import ArmResult
 from tasks.speedup import speedup_interval
 
 COLUMNS = ["arm", "role", "status", "acceptance_rate", "mean_acceptance_length", "output_tok_s",
-           "speedup_vs_baseline", "stream_tok_s", "speedup_paired", "ttft_ms_p50", "tpot_ms_p50", "server_ready_s"]
+           "speedup_vs_baseline", "stream_tok_s", "speedup_paired", "ttft_ms_p50", "tpot_ms_p50", "server_ready_s",
+           "measured"]
+METRIC_COLUMNS = COLUMNS[3:-1]  # "measured": now, or reused from an earlier run with the same fingerprint
 # Recorded here, as the verdict prints them: the mean of the requests' own tok/s with its interval, and the speedup
 # paired by prompt (geometric mean of request-by-request ratios) with its interval. output_tok_s is the aggregate.
 STREAM_METRICS = ("speedup_vs_baseline", "stream_tok_s", "stream_tok_s_lo", "stream_tok_s_hi", "speedup_paired",
@@ -29,6 +31,10 @@ def stream_metrics(r: ArmResult, base: ArmResult | None) -> dict[str, float]:
     return out
 
 
+def measured(r: ArmResult) -> str:
+    return f"reused {r.reused_from}" if r.reused_from else "now"
+
+
 def comparison_table(results: list[ArmResult]) -> pd.DataFrame:
     base = next((r for r in results if r.role == "baseline" and r.ok), None)
     base_tps = base.metrics.get("output_tok_s") if base else None
@@ -39,7 +45,7 @@ def comparison_table(results: list[ArmResult]) -> pd.DataFrame:
         if r.ok:
             r.metrics.update(stream_metrics(r, base))
         rows.append({"arm": r.arm, "role": r.role, "status": "ok" if r.ok else "FAILED",
-                     **{c: r.metrics.get(c) for c in COLUMNS[3:]}})
+                     **{c: r.metrics.get(c) for c in METRIC_COLUMNS}, "measured": measured(r)})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

@@ -25,6 +25,7 @@ class ArmResult:
     method: str = ""  # the speculative method (eagle3, draft_model, ngram, ...); "" for the baseline
     k: int = 0  # num_speculative_tokens; 0 for the baseline
     interrupted: bool = False  # stopped by Ctrl-C, SIGTERM or a Prefect cancellation: the run ends KILLED
+    reused_from: str = ""  # "<run id> (<when>)" when an earlier measurement with the same fingerprint stands in
 
 
 @dataclass

@@ -12,7 +12,7 @@ from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NO_CACHE
 
 from infra.tracking import Tracker, metric_key, run_path
-from tasks.compare import COLUMNS
+from tasks.compare import COLUMNS, METRIC_COLUMNS, measured
 from tasks.record import ArmResult
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1500px;color:#222}
@@ -35,7 +35,8 @@ def _arms_table(runs: dict[str, object], results: list[ArmResult], experiment_id
     rows = []
     for r in results:
         data = runs[r.arm].data
-        values = [r.arm, r.role, "ok" if r.ok else "FAILED", *[data.metrics.get(metric_key(c)) for c in COLUMNS[3:]]]
+        values = [r.arm, r.role, "ok" if r.ok else "FAILED", *[data.metrics.get(metric_key(c)) for c in METRIC_COLUMNS],
+                  measured(r)]
         cause = data.tags.get("specdiag.arm_verdict", "-" if r.role != "baseline" else "")
         link = f'<a href="/{run_path(experiment_id, r.run_id)}" target="_top">{r.run_id[:8]}</a>'
         rows.append(f'<tr data-arm="{html.escape(r.arm)}">' + "".join(_cell(v) for v in values)

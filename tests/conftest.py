@@ -59,7 +59,9 @@ def cli(prefect_server, mlflow_uri):
         client = MlflowClient(mlflow_uri)
         runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
         parents = [r for r in runs if r.data.tags.get("specdiag.kind") == "diagnosis"]
-        assert len(parents) == 1, proc.stdout[-3000:]
-        arms = {r.data.tags["specdiag.arm"]: r for r in runs if r.data.tags.get("specdiag.kind") == "arm"}
-        return Diagnosis(proc.returncode, proc.stdout, client, parents[0], arms)
+        assert parents, proc.stdout[-3000:]
+        parent = max(parents, key=lambda r: r.info.start_time)  # this command's, where a test runs several
+        arms = {r.data.tags["specdiag.arm"]: r for r in runs if r.data.tags.get("specdiag.kind") == "arm"
+                and r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+        return Diagnosis(proc.returncode, proc.stdout, client, parent, arms)
     return run

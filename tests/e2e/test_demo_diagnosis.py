@@ -66,6 +66,7 @@ def test_demo_diagnosis_records_every_arm(cli, mlflow_uri, no_servers_left):
     assert (ROOT / "runs" / parent.info.run_id / "smol-self.server.log").exists()
 
     _report_through_mlflow_in_chromium(mlflow_uri, done)
+    _follow_up_reuses_the_baseline_and_the_control(cli, done)
     # the Prefect flow run points to its MLflow record, and carries the arms' table
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
@@ -102,3 +103,27 @@ def _report_through_mlflow_in_chromium(mlflow_uri, done):
             assert recorded is None or f"{recorded:.3f}" in line.split(), (name, column, line)
         if name != "baseline":
             assert run.data.tags["specdiag.arm_verdict"] in row
+
+
+def _follow_up_reuses_the_baseline_and_the_control(cli, first):
+    """A new candidate against the same target, prompts, engine and control: one server load. The baseline and the
+    control are the first diagnosis's arms (same fingerprint), linked to them, with their figures, and the verdict
+    reads them like fresh ones; the printed table says which arms were measured now."""
+    again = cli("--drafter", "smol-noisy")
+    assert again.returncode == 0, again.output[-3000:]
+    assert set(again.arms) == {"baseline", "smol-noisy", "smol-self"}
+    reused = {a: r.data.tags.get("specdiag.reused_from") for a, r in again.arms.items()}
+    assert reused == {"baseline": first.arms["baseline"].info.run_id, "smol-self": first.arms["smol-self"].info.run_id,
+                      "smol-noisy": None}
+    launches = [ln for ln in again.output.splitlines() if "] launched pid" in ln]
+    assert len(launches) == 1 and "[smol-noisy] launched pid" in launches[0], launches  # one server load
+    for name in ("baseline", "smol-self"):
+        old, new = first.arms[name].data, again.arms[name].data
+        assert new.metrics["output_tok_s"] == old.metrics["output_tok_s"] and new.params["server_cmd"] == \
+            old.params["server_cmd"] and again.arms[name].info.status == "FINISHED"
+        assert "requests.csv" in {a.path for a in again.client.list_artifacts(again.arms[name].info.run_id)}
+        line = next(ln for ln in again.output.splitlines() if ln.split()[:1] == [name])
+        assert "reused" in line, line
+    assert "now" in next(ln for ln in again.output.splitlines() if ln.split()[:1] == ["smol-noisy"])
+    assert "speedup_paired" in again.arms["smol-noisy"].data.metrics  # paired with the reused baseline's requests
+    assert "smol-self: acceptance" in again.artifact_text(again.parent, "verdict.md")

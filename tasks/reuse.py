@@ -1,0 +1,89 @@
+"""Arm reuse: an arm whose fingerprint (infra/fingerprint.py) matches a successful arm already in MLflow is not
+measured again. It becomes a child run of this diagnosis linked to the original (tag specdiag.reused_from), with the
+original's params, metrics and artifacts, and the verdict reads it like a fresh one. `--fresh` measures everything;
+`reuse.max_age_h` bounds how old a measurement may be."""
+from __future__ import annotations
+
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pandas as pd
+from mlflow.entities import Run
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from infra import fingerprint
+from infra.arms import Arm
+from infra.config import Profile
+from infra.executor import executor_for
+from infra.tracking import ROLE_COLORS, RUN_COLOR, Tracker
+from tasks.record import ArmResult
+from tasks.verdict import speed_judged
+
+FINGERPRINT, REUSED_FROM = "specdiag.fingerprint", "specdiag.reused_from"
+
+
+@task(name="fingerprints", cache_policy=NO_CACHE)
+def fingerprints(cfg: Profile, arms: list[Arm], target: str, prompts: list[str]) -> dict[str, dict]:
+    """arm name -> its fingerprint's fields; the checkpoints are identified on the host that serves them."""
+    paths = [target] + [p for a in arms if a.spec for p in (a.spec.model,) if p]
+    from infra.embedded import engine_python
+    executor = executor_for(cfg.host)
+    try:
+        ids = fingerprint.identify(executor, cfg.engine_python or engine_python(), sorted(set(paths)))
+    finally:
+        executor.close()
+    return {a.name: fingerprint.fields(cfg, a, target, prompts, ids, speed_judged(a.role)) for a in arms}
+
+
+def newest_match(tracker: Tracker, digest: str, max_age_h: float) -> Run | None:
+    """The newest FINISHED arm run recorded with this fingerprint, in any experiment, no older than max_age_h."""
+    since = int((time.time() - max_age_h * 3600) * 1000)
+    ids = [e.experiment_id for e in tracker.client.search_experiments()]
+    runs = tracker.client.search_runs(ids, f"tags.`{FINGERPRINT}` = '{digest}' and attributes.status = 'FINISHED' "
+                                      f"and attributes.start_time >= {since}",
+                                      order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0] if runs else None
+
+
+def _request_tok_s(folder: Path) -> list[float]:
+    path = folder / "requests.csv"
+    if not path.exists():
+        return []
+    frame = pd.read_csv(path)
+    ok = frame[(frame["ok"]) & (frame["e2e_ms"] > 0)]
+    return (ok["completion_tokens"] / (ok["e2e_ms"] / 1000)).tolist()
+
+
+@task(name="reuse-arm", cache_policy=NO_CACHE)
+def reuse_arm(tracker: Tracker, found: Run, arm: Arm, experiment_id: str, parent_run_id: str,
+              offline: dict[str, float] | None) -> ArmResult:
+    """The found run as this diagnosis's arm: a FINISHED child run with its params, metrics and artifacts."""
+    original = found.data.tags.get(REUSED_FROM, found.info.run_id)
+    when = datetime.fromtimestamp(found.info.start_time / 1000).strftime("%Y-%m-%d %H:%M")
+    tags = {"specdiag.kind": "arm", "specdiag.arm": arm.name, "specdiag.drafter": arm.drafter or "none",
+            "specdiag.role": arm.role, "specdiag.probe": arm.probe or "none", RUN_COLOR: ROLE_COLORS[arm.role],
+            FINGERPRINT: found.data.tags[FINGERPRINT], REUSED_FROM: original, "specdiag.reused_at": when}
+    name = arm.name if arm.role == "baseline" else f"{arm.role}: {arm.name}"
+    run = tracker.start(experiment_id, f"{name} (reused)", tags, parent=parent_run_id)
+    metrics = {k.removeprefix("sys/"): v for k, v in found.data.metrics.items() if not k.startswith("offline_")}
+    metrics.update(offline or {})
+    if arm.spec and arm.spec.expected_acceptance is not None:
+        metrics["expected_acceptance"] = arm.spec.expected_acceptance
+    copied = False
+    try:
+        tracker.params(run, {**found.data.params, "reused_from": original})
+        tracker.metrics(run, metrics)
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tracker.client.download_artifacts(found.info.run_id, "", tmp))
+            tracker.client.log_artifacts(run, str(folder))
+            tok_s = _request_tok_s(folder)
+        copied = True
+    finally:
+        tracker.finish(run, copied)
+    print(f"[{arm.name}] reused from run {original[:8]} (measured {when}): same fingerprint, no server load")
+    return ArmResult(arm.name, arm.role, run, True, "", metrics, tok_s, arm.probe,
+                     arm.spec.method if arm.spec else "", arm.spec.num_speculative_tokens if arm.spec else 0,
+                     reused_from=f"{original[:8]} ({when})")
