@@ -7,7 +7,6 @@ from __future__ import annotations
 import tempfile
 import time
 from datetime import datetime
-from pathlib import Path
 
 import pandas as pd
 from mlflow.entities import Run
@@ -48,13 +47,26 @@ def newest_match(tracker: Tracker, digest: str, max_age_h: float) -> Run | None:
     return runs[0] if runs else None
 
 
-def _request_tok_s(folder: Path) -> list[float]:
-    path = folder / "requests.csv"
-    if not path.exists():
+def request_tok_s(tracker: Tracker, run_id: str) -> list[float]:
+    """Each measured request's own tok/s, from the arm's requests.csv (the paired speedup and early stop read it)."""
+    if "requests.csv" not in {a.path for a in tracker.client.list_artifacts(run_id)}:
         return []
-    frame = pd.read_csv(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        frame = pd.read_csv(tracker.client.download_artifacts(run_id, "requests.csv", tmp))
     ok = frame[(frame["ok"]) & (frame["e2e_ms"] > 0)]
     return (ok["completion_tokens"] / (ok["e2e_ms"] / 1000)).tolist()
+
+
+def arm_result(tracker: Tracker, run: Run, role: str | None = None) -> ArmResult:
+    """An arm as the flow held it after measuring, read back from its MLflow run."""
+    tags, params = run.data.tags, run.data.params
+    return ArmResult(tags["specdiag.arm"], role or tags["specdiag.role"], run.info.run_id,
+                     run.info.status == "FINISHED", tags.get("specdiag.error", ""),
+                     {k.removeprefix("sys/"): v for k, v in run.data.metrics.items()},
+                     request_tok_s(tracker, run.info.run_id), "" if tags.get("specdiag.probe") == "none" else
+                     tags.get("specdiag.probe", ""), "" if params.get("spec_method", "none") == "none" else
+                     params["spec_method"], int(params.get("num_speculative_tokens", 0)),
+                     reused_from=tags.get(REUSED_FROM, ""))
 
 
 @task(name="reuse-arm", cache_policy=NO_CACHE)
@@ -77,9 +89,8 @@ def reuse_arm(tracker: Tracker, found: Run, arm: Arm, experiment_id: str, parent
         tracker.params(run, {**found.data.params, "reused_from": original})
         tracker.metrics(run, metrics)
         with tempfile.TemporaryDirectory() as tmp:
-            folder = Path(tracker.client.download_artifacts(found.info.run_id, "", tmp))
-            tracker.client.log_artifacts(run, str(folder))
-            tok_s = _request_tok_s(folder)
+            tracker.client.log_artifacts(run, tracker.client.download_artifacts(found.info.run_id, "", tmp))
+        tok_s = request_tok_s(tracker, run)
         copied = True
     finally:
         tracker.finish(run, copied)

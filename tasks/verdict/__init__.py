@@ -2,7 +2,8 @@
 (tasks/verdict/evidence.py), never claiming more than it supports; every drafter arm's own cause; the record."""
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from dataclasses import asdict, replace
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
@@ -18,7 +19,9 @@ from tasks.verdict.evidence import (HEALTHY, INTEGRATION_RATIO, MIN_DRAFTS, NEAR
                                     acceptance_interval, decision_thresholds, fmt, offline_interval, speed_judged)
 from tasks.verdict.rules import RULES, decide
 
-__all__ = ["HEALTHY", "INTEGRATION_RATIO", "MIN_DRAFTS", "NEAR_ZERO", "RULES", "Verdict", "acceptance_interval",
+EVIDENCE = "evidence.json"  # the static findings and the offline evaluation, as the rules read them
+
+__all__ = ["EVIDENCE", "assemble", "HEALTHY", "INTEGRATION_RATIO", "MIN_DRAFTS", "NEAR_ZERO", "RULES", "Verdict", "acceptance_interval",
            "arm_verdicts", "decide", "decision_thresholds", "offline_interval", "speed_judged", "throughput_lines",
            "verdict"]
 
@@ -53,9 +56,10 @@ def arm_verdicts(results: list[ArmResult], findings: dict[str, list[Finding]],
     return out
 
 
-@task(name="verdict", cache_policy=NO_CACHE)
-def verdict(tracker: Tracker, parent_run_id: str, results: list[ArmResult],
-            findings: dict[str, list[Finding]], offline: OfflineResult | None = None) -> Verdict:
+def assemble(results: list[ArmResult], findings: dict[str, list[Finding]],
+             offline: OfflineResult | None = None) -> tuple[Verdict, dict[str, Verdict]]:
+    """The candidate's verdict with every line of evidence the record shows, and each other drafter arm's own cause:
+    from the arms' figures, the static findings and the offline evaluation alone (flows/verdict.py recomputes it)."""
     v = decide(results, findings, offline)
     v.evidence += [fmt(p.arm, p.metrics) + f" (probe {p.probe})" for p in results if p.role == "probe" and p.ok
                    and not any(e.startswith(f"{p.arm}: acceptance") for e in v.evidence)]  # read or not, shown
@@ -63,15 +67,25 @@ def verdict(tracker: Tracker, parent_run_id: str, results: list[ArmResult],
     sweep, _ = k_sweep(results)
     if sweep:
         v.evidence.append(sweep)
-    cand = next((r for r in results if r.role == "candidate"), None)
-    if cand is not None:
-        tracker.tag(cand.run_id, "specdiag.arm_verdict", v.cause)
-    for arm, av in arm_verdicts(results, findings, offline).items():
-        tracker.tag(next(r.run_id for r in results if r.arm == arm), "specdiag.arm_verdict", av.cause)
-        v.evidence.append(f"{arm} on its own: `{av.cause}` ({av.evidence[-1] if av.evidence else ''})")
+    others = arm_verdicts(results, findings, offline)
+    v.evidence += [f"{arm} on its own: `{av.cause}` ({av.evidence[-1] if av.evidence else ''})"
+                   for arm, av in others.items()]
+    return v, others
+
+
+@task(name="verdict", cache_policy=NO_CACHE)
+def verdict(tracker: Tracker, parent_run_id: str, results: list[ArmResult],
+            findings: dict[str, list[Finding]], offline: OfflineResult | None = None) -> Verdict:
+    v, others = assemble(results, findings, offline)
+    causes = {**{r.arm: v.cause for r in results if r.role == "candidate"}, **{a: o.cause for a, o in others.items()}}
+    for arm, cause in causes.items():
+        tracker.tag(next(r.run_id for r in results if r.arm == arm), "specdiag.arm_verdict", cause)
     for arm, sm in speed_models(results).items():
         tracker.metrics(next(r.run_id for r in results if r.arm == arm), sm.metrics())
     tracker.tag(parent_run_id, "specdiag.verdict", v.cause)
     tracker.text(parent_run_id, v.markdown(), "verdict.md")
+    tracker.text(parent_run_id, json.dumps({"findings": {a: [asdict(f) for f in fs] for a, fs in findings.items()},
+                                            "offline": asdict(offline or OfflineResult())}, indent=1, default=str),
+                 EVIDENCE)
     create_markdown_artifact(v.markdown(), key="specdiag-verdict", description="specdiag verdict")
     return v

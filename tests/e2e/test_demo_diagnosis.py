@@ -1,4 +1,8 @@
 """The demo diagnosis on the real vLLM CPU engine: baseline, smol-permuted candidate, smol-self control."""
+import os
+import subprocess
+import sys
+
 import pytest
 
 from tasks.compare import COLUMNS
@@ -66,6 +70,13 @@ def test_demo_diagnosis_records_every_arm(cli, mlflow_uri, no_servers_left):
     assert (ROOT / "runs" / parent.info.run_id / "smol-self.server.log").exists()
 
     _report_through_mlflow_in_chromium(mlflow_uri, done)
+    # the verdict recomputed from the MLflow record alone (no server) is the one the flow printed, line for line
+    again = subprocess.run([sys.executable, "flows/verdict.py", parent.info.run_id], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300, env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri})
+    assert again.returncode == 0, again.stderr[-2000:]
+    printed = done.artifact_text(parent, "verdict.md")
+    assert printed in done.output and again.stdout.startswith(printed), (printed, again.stdout)
+    assert "recorded `vocab_mismatch`, recomputed `vocab_mismatch`: the same" in again.stdout
     _follow_up_reuses_the_baseline_and_the_control(cli, done)
     # the Prefect flow run points to its MLflow record, and carries the arms' table
     from prefect.client.orchestration import get_client
