@@ -18,7 +18,7 @@ from prefect.exceptions import TerminationSignal  # noqa: E402
 
 from flows.arm import run_arm
 from infra.arms import plan_arms, resolved_drafters, resolved_target, run_dir, validate_inputs
-from infra.config import DrafterRef, NoControl, ProfileRef, SpecdiagError, load_profile
+from infra.config import PROJECT_ROOT, DrafterRef, NoControl, ProfileRef, SpecdiagError, load_profile
 from infra.fingerprint import digest
 from infra.tracking import Tracker, check_store, interrupted_where, interruption, signal_name
 from infra.promptsets import load as load_prompts
@@ -28,7 +28,7 @@ from tasks.inspect import findings_markdown, inspect_arms
 from tasks.offline import offline_eval
 from tasks.plots import plots
 from tasks.report import report
-from tasks.reuse import fingerprints, newest_match, reuse_arm
+from tasks.reuse import fingerprints, newest_match, rerun_inputs, reuse_arm
 from tasks.record import ArmResult
 from tasks.verdict import verdict
 
@@ -65,6 +65,7 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
     parent = tracker.start(experiment, title, {"specdiag.kind": "diagnosis", "specdiag.drafter": cfg.drafter or "none"})
     tracker.params(parent, {"profile": cfg.name, "arms": ",".join(a.name for a in plan),
                             "profile_json": cfg.model_dump_json()})
+    tracker.text(parent, "\n".join(json.dumps({"prompt": p}) for p in prompts) + "\n", "prompts.jsonl")  # --rerun
     with tracker.terminated(parent):
         target, drafters, workdir = resolved_target(cfg), resolved_drafters(plan), run_dir(cfg, parent)
         findings = inspect_arms(target, drafters, cfg.host, cfg.target.max_model_len())  # seconds, before any server
@@ -131,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     over = overrides(args)
     try:
+        if args.rerun:  # the recorded profile and prompt texts, every arm measured again
+            args.profile, again = rerun_inputs(Tracker(), args.rerun, PROJECT_ROOT / "runs" / f"rerun-{args.rerun}")
+            args.sets = again + args.sets
         cfg, _, _ = prepare(args.profile, over, args.sets)  # fail fast, before Prefect starts
     except SpecdiagError as exc:
         print(f"specdiag: error: {exc}", file=sys.stderr)

@@ -40,6 +40,8 @@ def parser() -> argparse.ArgumentParser:
                    "same fingerprint (target, server args, engine version, host, prompts, benchmark, drafter files)")
     p.add_argument("--max-age", type=float, metavar="HOURS", help="reuse only arms measured this recently "
                    "(default 168)")
+    p.add_argument("--rerun", metavar="RUN_ID", help="repeat a recorded diagnosis exactly: its recorded profile and "
+                   "prompt texts, every arm measured again")
     p.add_argument("--force", action="store_true",
                    help="launch arms whose static checks found a fault that makes the load pointless")
     p.add_argument("--hidden-states", metavar="DIR", help="offline evaluation from these dumps on the host "

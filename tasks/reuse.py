@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import tempfile
 import time
+from pathlib import Path
 from datetime import datetime
 
 import pandas as pd
 from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra import fingerprint
 from infra.arms import Arm
-from infra.config import Profile
+from infra.config import Profile, SpecdiagError
 from infra.executor import executor_for
 from infra.tracking import ROLE_COLORS, RUN_COLOR, Tracker
 from tasks.record import ArmResult
@@ -98,3 +100,24 @@ def reuse_arm(tracker: Tracker, found: Run, arm: Arm, experiment_id: str, parent
     return ArmResult(arm.name, arm.role, run, True, "", metrics, tok_s, arm.probe,
                      arm.spec.method if arm.spec else "", arm.spec.num_speculative_tokens if arm.spec else 0,
                      reused_from=f"{original[:8]} ({when})")
+
+
+def rerun_inputs(tracker: Tracker, run_id: str, into: Path) -> tuple[str, list[str]]:
+    """A recorded diagnosis's profile and prompt texts as files in INTO, and the settings that repeat it exactly:
+    `--rerun RUN_ID` measures every arm again (no reuse) on the same prompts."""
+    try:
+        run = tracker.client.get_run(run_id)
+    except MlflowException:
+        raise SpecdiagError(f"no run {run_id} in the MLflow store {tracker.uri} (MLFLOW_TRACKING_URI)") from None
+    if run.data.tags.get("specdiag.kind") != "diagnosis":
+        parent = run.data.tags.get("mlflow.parentRunId")
+        raise SpecdiagError(f"run {run_id} is not a diagnosis" + (f": pass its diagnosis, --rerun {parent}" if parent
+                                                                   else ""))
+    names = {a.path for a in tracker.client.list_artifacts(run_id)}
+    if "prompts.jsonl" not in names or "profile_json" not in run.data.params:
+        raise SpecdiagError(f"diagnosis {run_id} was recorded without its profile or prompts: it cannot be repeated")
+    into.mkdir(parents=True, exist_ok=True)
+    profile = into / "profile.yaml"
+    profile.write_text(run.data.params["profile_json"])
+    tracker.client.download_artifacts(run_id, "prompts.jsonl", str(into))
+    return str(profile), [f"bench.prompts={into / 'prompts.jsonl'}", "reuse.enabled=false"]

@@ -12,6 +12,15 @@ def test_drafter_that_never_drafts_is_named_spec_disabled(cli, no_servers_left):
     cand = done.arms["ngram-never"].data
     assert cand.metrics["num_drafts"] == 0 and cand.metrics["sys/output_tokens"] > 0
     assert done.parent.data.tags["specdiag.verdict"] == "spec_disabled"
+    # --rerun repeats it exactly: the recorded profile and prompt texts, every arm measured again (none reused)
+    again = cli("--rerun", done.parent.info.run_id)
+    assert again.returncode == 0 and again.parent.info.run_id != done.parent.info.run_id, again.output[-3000:]
+    assert again.artifact_text(again.parent, "prompts.jsonl") == done.artifact_text(done.parent, "prompts.jsonl")
+    for name in ("baseline", "ngram-never"):
+        new, old = again.arms[name].data, done.arms[name].data
+        assert new.params["server_cmd"] == old.params["server_cmd"] and "specdiag.reused_from" not in new.tags
+        assert new.params.get("bench_endpoint") == old.params.get("bench_endpoint")
+    assert again.parent.data.tags["specdiag.verdict"] == "spec_disabled"
 
 
 def test_self_drafting_is_draft_overhead_and_a_short_context_drafter_is_context_limit(cli, no_servers_left, tmp_path):
