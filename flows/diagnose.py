@@ -57,7 +57,7 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
         sets: profile fields to override, each KEY=VALUE with a dotted key, e.g. bench.max_tokens=64,
             bench.num_prompts=8, host=gpu-box, probes=[k_sweep]
     """
-    start = time.monotonic()
+    laps = Laps()
     cfg, plan, prompts = prepare(profile, {"drafter": drafter, "control": control, "arms": arms}, sets)
     tracker = Tracker()
     experiment = tracker.experiment(cfg.name)
@@ -71,7 +71,9 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
         findings = inspect_arms(target, drafters, cfg.host, cfg.target.max_model_len())  # seconds, before any server
         static = findings_markdown(findings)
         tracker.text(parent, static, "static_checks.md")
+        laps.lap("setup_s")
         offline = offline_eval(cfg, drafters, target, prompts[cfg.bench.warmup:], workdir, tracker, parent)
+        laps.lap("offline_s")
         prints, where = fingerprints(cfg, drafters, target, prompts), (experiment, parent, workdir)
         results: list[ArmResult] = []
         for arm in drafters:  # in order, the baseline first: later arms' early stop compares with its tok/s
@@ -79,15 +81,16 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
             with tracker.interrupts(parent, arm.name):
                 results.append(_measure(cfg, arm, tracker, where, prompts, offline.metrics.get(arm.name), results,
                                         blockers, prints[arm.name]))
+        laps.lap("arms_s")
         table = compare(tracker, parent, results)
         decision = verdict(tracker, parent, results, findings, offline)
         if cfg.confirm:
             decision, table = _confirmed(cfg, decision, drafters, results, tracker, where, prompts)
         tracker.note(parent, decision.markdown() + "\n\n## Arms\n\n" + comparison_markdown(table))
         report(tracker, parent, experiment, results, decision, static, plots(tracker, parent, results), title)
-        tracker.metrics(parent, {"diagnosis_wall_s": time.monotonic() - start})
+        tracker.metrics(parent, laps.lap("finish_s"))
     print("\n" + table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(f"\nwall time {time.monotonic() - start:.0f} s in the flow; per arm: " + ", ".join(
+    print(f"\nwall time {laps['diagnosis_wall_s']:.0f} s in the flow ({laps.line()}); per arm: " + ", ".join(
         f"{r.arm} {r.metrics.get('server_ready_s', 0):.0f} s ready + {r.metrics.get('bench_s', 0):.0f} s bench "
         f"+ {r.metrics.get('overhead_s', 0):.0f} s other" for r in results))
     for r in results:
@@ -98,6 +101,22 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
     print("\n" + decision.markdown())
     print(f"\nMLflow: {tracker.run_url(experiment, parent)}")
     return results
+
+
+class Laps(dict):
+    """Seconds spent between marks, by name, and diagnosis_wall_s: where a diagnosis's time goes outside its arms."""
+
+    def __init__(self):
+        super().__init__()
+        self._start = self._mark = time.monotonic()
+
+    def lap(self, name: str) -> "Laps":
+        now = time.monotonic()
+        self[name], self._mark, self["diagnosis_wall_s"] = now - self._mark, now, now - self._start
+        return self
+
+    def line(self) -> str:
+        return ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in self.items() if k != "diagnosis_wall_s")
 
 
 def _measure(cfg, arm, tracker, where, prompts, offline, results, blockers, fingerprint):

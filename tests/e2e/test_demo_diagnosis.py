@@ -32,7 +32,8 @@ def test_demo_diagnosis_records_every_arm(cli, mlflow_uri, no_servers_left):
     note = parent.data.tags["mlflow.note.content"]
     assert note.startswith("# Verdict: `vocab_mismatch`") and "| smol-permuted | candidate | ok |" in note
     assert client.get_experiment(parent.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
-    assert "sys/diagnosis_wall_s" in parent.data.metrics
+    laps = {k: parent.data.metrics[f"sys/{k}"] for k in ("setup_s", "offline_s", "arms_s", "finish_s")}
+    assert sum(laps.values()) == pytest.approx(parent.data.metrics["sys/diagnosis_wall_s"], rel=1e-6), laps
     assert {r.info.run_name for r in arms.values()} == {"baseline", "candidate: smol-permuted", "control: smol-self"}
     assert [arms[a].data.tags["mlflow.runColor"] for a in ("baseline", "smol-permuted", "smol-self")] == [
         "#7f7f7f", "#d62728", "#2ca02c"]  # MLflow's charts: the baseline grey, candidate red, control green
