@@ -80,7 +80,7 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
             blockers = [] if cfg.force else [f"{f.code}: {f.message}" for f in findings.get(arm.name, []) if f.gating]
             with tracker.interrupts(parent, arm.name):
                 results.append(_measure(cfg, arm, tracker, where, prompts, offline.metrics.get(arm.name), results,
-                                        blockers, prints[arm.name]))
+                                        blockers, prints.get(arm.name)))
         laps.lap("arms_s")
         table = compare(tracker, parent, results)
         decision = verdict(tracker, parent, results, findings, offline)
@@ -122,8 +122,8 @@ class Laps(dict):
 def _measure(cfg, arm, tracker, where, prompts, offline, results, blockers, fingerprint):
     """The arm reused from MLflow where an arm with its fingerprint succeeded before, else measured on a server."""
     experiment, parent, workdir = where
-    found = newest_match(tracker, digest(fingerprint), cfg.reuse.max_age_h) if cfg.reuse.enabled and not blockers \
-        else None
+    found = newest_match(tracker, digest(fingerprint), cfg.reuse.max_age_h) \
+        if fingerprint and cfg.reuse.enabled and not blockers else None
     if found:
         return reuse_arm(tracker, found, arm, experiment, parent, offline)
     base = next((r.request_tok_s for r in results if r.role == "baseline" and r.ok), None)

@@ -5,6 +5,7 @@ original's params, metrics and artifacts, and the verdict reads it like a fresh 
 from __future__ import annotations
 
 import tempfile
+from subprocess import SubprocessError
 import time
 from pathlib import Path
 from datetime import datetime
@@ -34,6 +35,9 @@ def fingerprints(cfg: Profile, arms: list[Arm], target: str, prompts: list[str])
     executor = executor_for(cfg.host)
     try:
         ids = fingerprint.identify(executor, cfg.engine_python or engine_python(), sorted(set(paths)))
+    except (SpecdiagError, OSError, SubprocessError, RuntimeError, ValueError) as exc:  # no reuse; nothing lost
+        print(f"arm fingerprints unavailable ({exc}): every arm is measured, none is reused")
+        return {}
     finally:
         executor.close()
     return {a.name: fingerprint.fields(cfg, a, target, prompts, ids, speed_judged(a.role)) for a in arms}
