@@ -5,10 +5,10 @@ original's params, metrics and artifacts, and the verdict reads it like a fresh 
 from __future__ import annotations
 
 import tempfile
-from subprocess import SubprocessError
 import time
-from pathlib import Path
 from datetime import datetime
+from pathlib import Path
+from subprocess import SubprocessError
 
 import pandas as pd
 from mlflow.entities import Run
