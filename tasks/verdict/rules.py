@@ -184,6 +184,10 @@ def draft_overhead(v: Verdict, results: list[ArmResult]) -> Verdict:
     elif sm.best_k and sm.best_k != sm.k and sm.predicted[sm.best_k] >= PAYING_SPEEDUP:
         pays = f"serve it with k={sm.best_k} (predicted {sm.predicted[sm.best_k]:.3f}x)"
         fix = {"num_speculative_tokens": sm.best_k}
+    elif sm.best_k == sm.k and sm.predicted[sm.k] >= PAYING_SPEEDUP:
+        pays = f"k={sm.k} as served is already the best k (predicted {sm.predicted[sm.k]:.3f}x); what holds it back " \
+               f"is the drafter's cost ({sm.draft_cost:.3f} baseline steps per draft token): a cheaper drafter (an " \
+               "EAGLE-3 head, ngram) gains more"
     else:
         pays = f"no k pays off with this drafter on this host and load (none predicted {PAYING_SPEEDUP}x or more): " \
                "use a cheaper drafter (an EAGLE-3 head, ngram) or none"

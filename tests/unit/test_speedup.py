@@ -51,6 +51,15 @@ def test_a_self_drafter_near_1x_is_draft_overhead_on_either_side_of_1():
         assert "no k pays off" in v.next_step  # 1.07x at best: not worth recommending a k
 
 
+def test_the_advice_agrees_with_the_speed_model_when_the_served_k_is_already_the_best():
+    """smol-self on the CI host: predicted 1.19x at k=4 (its best k), measured 1.08x: the advice may not say that
+    no k is predicted to pay, and names the drafter's cost instead."""
+    v = decide([BASE, arm("cand", "candidate", (0.99, 0.99, 0.99, 1.0), tpot=8.4, tok_s=[32, 33, 32, 33, 32])], {})
+    assert v.cause == "draft_overhead", v.evidence
+    assert "best k 4 (1.190x)" in v.evidence[-2] and "none predicted" not in v.next_step
+    assert "k=4 as served is already the best k (predicted 1.190x)" in v.next_step, v.next_step
+
+
 def test_a_cheap_head_that_pays_a_fraction_of_its_acceptance_is_healthy():
     """An EAGLE-3 head: 3.65 tokens per step, 2.2x measured (on a CPU verifying k+1 tokens costs more than one)."""
     good = arm("cand", "candidate", (0.85, 0.7, 0.6, 0.5), tpot=16.6, tok_s=[66, 64, 68, 65, 67])
