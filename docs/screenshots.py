@@ -39,7 +39,7 @@ def mlflow_shots(store: str, out: Path) -> list[Path]:
         return [screenshot(report, out / "report.png", height=2000),
                 screenshot(f"{server}/{page}", out / "mlflow_parent_run.png", wait_ms=15000),
                 screenshot(f"{server}/{page.replace('?', '/artifacts/report.html?')}", out / "mlflow_report.png",
-                           wait_ms=15000)]
+                           wait_ms=40000)]  # the viewer fetches the artifact, then renders it in a sandboxed frame
 
 
 def prefect_form_shot(out: Path) -> Path:
