@@ -2,6 +2,7 @@
 the cheapest candidate (n-gram lookup: no drafter weights to load). Each probe arm is the candidate with one thing
 changed; the arm's run records the change, the engine takes it, and the verdict reads the arm."""
 import json
+import re
 
 import pytest
 
@@ -34,5 +35,9 @@ def test_each_probe_serves_the_candidate_with_one_thing_changed(cli, no_servers_
     assert params["ngram@T=1"]["bench_temperature"] == "1.0"
     assert json.loads(params["ngram@enable_thinking=false"]["bench_chat_template_kwargs"]) == {"enable_thinking": False}
     verdict = done.artifact_text(done.parent, "verdict.md")
-    assert "k_sweep" in verdict and "k=2" in verdict  # predicted vs measured per k
+    # k_sweep: predicted vs measured speedup at each k, and the k with the best measured speedup named
+    sweep = next(ln for ln in verdict.splitlines() if ln.startswith("- k_sweep:"))
+    measured = {int(k): float(v) for k, v in re.findall(r"k=(\d+): predicted \d+\.\d+x, measured (\d+\.\d+)x", sweep)}
+    assert set(measured) == {2, 4} and int(re.search(r"best measured k=(\d+)", sweep)[1]) == max(measured,
+                                                                                                  key=measured.get)
     assert all(f"{a}: acceptance" in verdict for a in arms if "@" in a), verdict  # every probe's own line
