@@ -17,7 +17,7 @@ from infra.fingerprint import digest
 from infra.hostlock import host_lock
 from infra.stats import mean_interval
 from infra.tracking import ROLE_COLORS, RUN_COLOR, Tracker, interruption, signal_name
-from tasks.acceptance import request_metrics
+from tasks.acceptance import request_acceptance, request_metrics
 from tasks.bench import benchmark, sweep, sweep_metrics, warmup
 from tasks.cleanup import cleanup
 from tasks.health import wait_healthy
@@ -107,6 +107,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
         if ev.bench:
             ev.metrics.update(ev.bench.summary() | request_metrics(ev.bench.records))
             result.request_tok_s = ev.bench.request_tok_s()
+            result.request_acceptance = request_acceptance(ev.bench.records)
         ev.metrics["arm_wall_s"] = time.monotonic() - start
         ev.metrics["overhead_s"] = ev.metrics["arm_wall_s"] - ev.metrics.get("server_ready_s", 0.0) \
             - ev.metrics.get("bench_s", 0.0) - ev.metrics.get("host_lock_wait_s", 0.0)

@@ -37,6 +37,11 @@ def by_position(records: list[RequestRecord]) -> dict[int, tuple[float, float]]:
     return {b: (a, d) for b, (a, d) in sorted(out.items())}
 
 
+def request_acceptance(records: list[RequestRecord]) -> list[float]:
+    """Each measured request's own acceptance (its accepted over its drafted draft tokens), where it drafted."""
+    return [sum(r.step_accepted) / sum(r.step_drafted) for r in records if r.ok and sum(r.step_drafted) > 0]
+
+
 def request_metrics(records: list[RequestRecord]) -> dict[str, float]:
     """acceptance_rate_req with its interval over requests, and seqpos_<bucket>_{accepted,drafted}; {} when the
     engine gave no per-request counts."""

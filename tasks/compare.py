@@ -11,7 +11,7 @@ from infra.tracking import Tracker
 from tasks.record import ArmResult
 from tasks.speedup import speedup_interval
 
-COLUMNS = ["arm", "role", "status", "acceptance_rate", "mean_acceptance_length", "output_tok_s",
+COLUMNS = ["arm", "role", "status", "acceptance_rate", "acceptance_rate_req", "mean_acceptance_length", "output_tok_s",
            "speedup_vs_baseline", "stream_tok_s", "speedup_paired", "ttft_ms_p50", "tpot_ms_p50", "server_ready_s",
            "measured"]
 METRIC_COLUMNS = COLUMNS[3:-1]  # "measured": now, or reused from an earlier run with the same fingerprint

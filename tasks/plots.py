@@ -49,7 +49,7 @@ def draw(results: list[ArmResult], out: Path) -> list[Path]:
     fig.tight_layout()
     fig.savefig(tps_path, dpi=100)
     plt.close(fig)
-    return [acc_path, tps_path] + _speed_by_k(results, out)
+    return [acc_path, tps_path] + _speed_by_k(results, out) + _per_request(results, out)
 
 
 def _speed_by_k(results: list[ArmResult], out: Path) -> list[Path]:
@@ -69,6 +69,31 @@ def _speed_by_k(results: list[ArmResult], out: Path) -> list[Path]:
     ax.set_xticks(sorted({k for sm in models.values() for k in sm.predicted}))
     ax.set(xlabel="num_speculative_tokens (k)", ylabel="speedup vs baseline", title="Speedup by k")
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
+
+
+def _per_request(results: list[ArmResult], out: Path) -> list[Path]:
+    """Each request's own acceptance, one column of dots per drafter arm, with the interval over requests: the spread
+    the verdict's intervals come from (prompts differ; drafts within one request are not independent)."""
+    arms = [r for r in results if r.request_acceptance]
+    if not arms:
+        return []
+    path = out / "acceptance_per_request.png"
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for x, r in enumerate(arms):
+        color = ROLE_COLORS.get(r.role, "tab:blue")
+        ax.scatter([x] * len(r.request_acceptance), r.request_acceptance, color=color, alpha=0.6, s=18)
+        m = r.metrics
+        if "acceptance_rate_req" in m:
+            ax.errorbar([x + 0.15], [m["acceptance_rate_req"]], yerr=[[m["acceptance_rate_req"] -
+                        m["acceptance_rate_req_lo"]], [m["acceptance_rate_req_hi"] - m["acceptance_rate_req"]]],
+                        fmt="D", color=color, capsize=4)
+    ax.set_xticks(range(len(arms)), [r.arm for r in arms], fontsize=8)
+    ax.set(ylabel="acceptance rate (per request)", ylim=(-0.02, 1.02),
+           title="Acceptance per request (95% CI over requests)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

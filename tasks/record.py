@@ -21,6 +21,7 @@ class ArmResult:
     error: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     request_tok_s: list[float] = field(default_factory=list)  # per measured request, for intervals
+    request_acceptance: list[float] = field(default_factory=list)  # per measured request that drafted
     probe: str = ""  # the probe that derived this arm from the candidate, if any
     method: str = ""  # the speculative method (eagle3, draft_model, ngram, ...); "" for the baseline
     k: int = 0  # num_speculative_tokens; 0 for the baseline

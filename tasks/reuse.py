@@ -4,6 +4,7 @@ original's params, metrics and artifacts, and the verdict reads it like a fresh 
 `reuse.max_age_h` bounds how old a measurement may be."""
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from datetime import datetime
@@ -53,14 +54,18 @@ def newest_match(tracker: Tracker, digest: str, max_age_h: float) -> Run | None:
     return runs[0] if runs else None
 
 
-def request_tok_s(tracker: Tracker, run_id: str) -> list[float]:
-    """Each measured request's own tok/s, from the arm's requests.csv (the paired speedup and early stop read it)."""
+def per_request(tracker: Tracker, run_id: str) -> tuple[list[float], list[float]]:
+    """Each measured request's own tok/s and acceptance, from the arm's requests.csv (the paired speedup, the early
+    stop and the per-request plot read them)."""
     if "requests.csv" not in {a.path for a in tracker.client.list_artifacts(run_id)}:
-        return []
+        return [], []
     with tempfile.TemporaryDirectory() as tmp:
         frame = pd.read_csv(tracker.client.download_artifacts(run_id, "requests.csv", tmp))
     ok = frame[(frame["ok"]) & (frame["e2e_ms"] > 0)]
-    return (ok["completion_tokens"] / (ok["e2e_ms"] / 1000)).tolist()
+    tok_s = (ok["completion_tokens"] / (ok["e2e_ms"] / 1000)).tolist()
+    steps = [(sum(json.loads(a)), sum(json.loads(d))) for a, d in zip(frame[frame["ok"]]["step_accepted"],
+                                                                      frame[frame["ok"]]["step_drafted"])]
+    return tok_s, [a / d for a, d in steps if d > 0]
 
 
 def arm_result(tracker: Tracker, run: Run, role: str | None = None) -> ArmResult:
@@ -69,7 +74,7 @@ def arm_result(tracker: Tracker, run: Run, role: str | None = None) -> ArmResult
     return ArmResult(tags["specdiag.arm"], role or tags["specdiag.role"], run.info.run_id,
                      run.info.status == "FINISHED", tags.get("specdiag.error", ""),
                      {k.removeprefix("sys/"): v for k, v in run.data.metrics.items()},
-                     request_tok_s(tracker, run.info.run_id), "" if tags.get("specdiag.probe") == "none" else
+                     *per_request(tracker, run.info.run_id), "" if tags.get("specdiag.probe") == "none" else
                      tags.get("specdiag.probe", ""), "" if params.get("spec_method", "none") == "none" else
                      params["spec_method"], int(params.get("num_speculative_tokens", 0)),
                      reused_from=tags.get(REUSED_FROM, ""))
@@ -96,12 +101,12 @@ def reuse_arm(tracker: Tracker, found: Run, arm: Arm, experiment_id: str, parent
         tracker.metrics(run, metrics)
         with tempfile.TemporaryDirectory() as tmp:
             tracker.client.log_artifacts(run, tracker.client.download_artifacts(found.info.run_id, "", tmp))
-        tok_s = request_tok_s(tracker, run)
+        tok_s, acceptance = per_request(tracker, run)
         copied = True
     finally:
         tracker.finish(run, copied)
     print(f"[{arm.name}] reused from run {original[:8]} (measured {when}): same fingerprint, no server load")
-    return ArmResult(arm.name, arm.role, run, True, "", metrics, tok_s, arm.probe,
+    return ArmResult(arm.name, arm.role, run, True, "", metrics, tok_s, acceptance, arm.probe,
                      arm.spec.method if arm.spec else "", arm.spec.num_speculative_tokens if arm.spec else 0,
                      reused_from=f"{original[:8]} ({when})")
 

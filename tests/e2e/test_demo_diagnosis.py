@@ -25,6 +25,7 @@ def test_demo_diagnosis_records_every_arm(cli, mlflow_uri, no_servers_left):
     assert client.get_experiment(parent.info.experiment_id).name == "demo"
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {
         "comparison.csv", "comparison.md", "static_checks.md", "verdict.md", "acceptance_per_position.png",
+        "acceptance_per_request.png", "evidence.json", "prompts.jsonl",
         "throughput.png", "report.html"}
     # the permuted vocabulary is named as the cause: static embedding check + near-zero served acceptance
     assert parent.data.tags["specdiag.verdict"] == "vocab_mismatch"

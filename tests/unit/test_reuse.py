@@ -68,3 +68,29 @@ def test_each_input_that_changes_a_measurement_changes_the_fingerprint(python, t
         digest(fields(cfg, arm, str(target), prompts, ids, True))
     os.utime(target / "config.json")  # the target's files too
     assert _digests(python, cfg, target, prompts, drafter)[0]["baseline"] != same["baseline"]
+
+
+def test_each_requests_figures_come_back_from_the_record_as_the_flow_held_them(tmp_path):
+    """requests.csv written as the arm records it, read back by the reuse and the recompute: per-request tok/s and
+    acceptance equal the ones the flow computed from the records; the per-request plot draws them."""
+    from tasks.acceptance import request_acceptance
+    from tasks.bench import BenchResult, RequestRecord
+    from tasks.plots import draw
+    from tasks.record import ArmResult
+    from tasks.reuse import per_request
+    from infra.tracking import Tracker
+
+    records = [RequestRecord(0, True, completion_tokens=40, e2e_ms=1234.5, step_drafted=[4, 4, 4],
+                             step_accepted=[4, 1, 0]),
+               RequestRecord(1, True, completion_tokens=32, e2e_ms=987.25, step_drafted=[4, 4], step_accepted=[2, 2]),
+               RequestRecord(2, False, error="boom"), RequestRecord(3, True, completion_tokens=8, e2e_ms=400.0)]
+    bench = BenchResult(records, 3.0)
+    tracker = Tracker(f"sqlite:///{tmp_path}/m.db")
+    run = tracker.start(tracker.experiment("t"), "arm", {})
+    tracker.table(run, bench.frame(), "requests.csv")
+    tok_s, acceptance = per_request(tracker, run)
+    assert tok_s == pytest.approx(bench.request_tok_s()) and len(tok_s) == 3
+    assert acceptance == pytest.approx(request_acceptance(records)) and acceptance == pytest.approx([5 / 12, 4 / 8])
+    arm = ArmResult("cand", "candidate", run, True, "", {"acceptance_rate_req": 0.45, "acceptance_rate_req_lo": 0.3,
+                                                         "acceptance_rate_req_hi": 0.6}, tok_s, acceptance)
+    assert (tmp_path / "acceptance_per_request.png") in draw([arm], tmp_path)
