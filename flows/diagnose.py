@@ -91,8 +91,8 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
         tracker.metrics(parent, laps.lap("finish_s"))
     print("\n" + table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"\nwall time {laps['diagnosis_wall_s']:.0f} s in the flow ({laps.line()}); per arm: " + ", ".join(
-        f"{r.arm} {r.metrics.get('server_ready_s', 0):.0f} s ready + {r.metrics.get('bench_s', 0):.0f} s bench "
-        f"+ {r.metrics.get('overhead_s', 0):.0f} s other" for r in results))
+        f"{r.arm} reused" if r.reused_from else f"{r.arm} {r.metrics.get('server_ready_s', 0):.0f} s ready + "
+        f"{r.metrics.get('bench_s', 0):.0f} s bench + {r.metrics.get('overhead_s', 0):.0f} s other" for r in results))
     for r in results:
         if not r.ok:
             print(f"arm {r.arm} FAILED: {r.error.splitlines()[0]}")
