@@ -144,3 +144,16 @@ def test_the_control_and_probes_need_only_their_acceptance():
     # unsettled acceptance still holds it, and a no-spec arm always needs its tok/s
     assert should_stop(cfg, _progress(tok_s=noisy, drafts=40, rate=0.5, decisions=control, judged=False)) == ""
     assert should_stop(cfg, _progress(tok_s=noisy, judged=False)) == ""
+
+
+def test_the_thinking_switch_reaches_chat_requests_and_only_them():
+    """bench.chat_template_kwargs goes into every chat request as vLLM reads it (ChatCompletionRequest's
+    chat_template_kwargs); raw completions have no template to pass it to."""
+    from infra.config import BenchConfig
+    from tasks.bench import _payload
+
+    path, body = _payload(BenchConfig(chat_template_kwargs={"thinking": False}), "m", "hi", 8)
+    assert path == "/v1/chat/completions" and body["chat_template_kwargs"] == {"thinking": False}
+    assert "chat_template_kwargs" not in _payload(BenchConfig(), "m", "hi", 8)[1]
+    assert "chat_template_kwargs" not in _payload(BenchConfig(endpoint="completions",
+                                                              chat_template_kwargs={"thinking": False}), "m", "hi", 8)[1]
