@@ -155,5 +155,5 @@ def test_the_thinking_switch_reaches_chat_requests_and_only_them():
     path, body = _payload(BenchConfig(chat_template_kwargs={"thinking": False}), "m", "hi", 8)
     assert path == "/v1/chat/completions" and body["chat_template_kwargs"] == {"thinking": False}
     assert "chat_template_kwargs" not in _payload(BenchConfig(), "m", "hi", 8)[1]
-    assert "chat_template_kwargs" not in _payload(BenchConfig(endpoint="completions",
-                                                              chat_template_kwargs={"thinking": False}), "m", "hi", 8)[1]
+    raw = BenchConfig(endpoint="completions", chat_template_kwargs={"thinking": False})
+    assert "chat_template_kwargs" not in _payload(raw, "m", "hi", 8)[1]
