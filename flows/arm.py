@@ -16,13 +16,13 @@ from infra.executor import executor_for
 from infra.fingerprint import digest
 from infra.hostlock import host_lock
 from infra.stats import mean_interval
-from infra.tracking import ROLE_COLORS, RUN_COLOR, Tracker, interruption, signal_name
+from infra.tracking import Tracker, interruption, signal_name
 from tasks.acceptance import request_acceptance, request_metrics
 from tasks.bench import benchmark, sweep, sweep_metrics, warmup
 from tasks.cleanup import cleanup
 from tasks.health import wait_healthy
 from tasks.launch import launch_server
-from tasks.record import ArmEvidence, ArmResult, record_arm
+from tasks.record import ArmEvidence, ArmResult, arm_run, known_before, record_arm
 from tasks.reuse import FINGERPRINT
 from tasks.scrape import counter_metrics, log_crosscheck, scrape, spec_totals, spec_window
 from tasks.teardown import stop_unreturned, teardown
@@ -38,20 +38,16 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
     blockers: static findings that make a server load pointless; the arm then fails before its server starts.
     fingerprint: what decides the measurement (infra/fingerprint.py): tagged by digest, so a later diagnosis reuses it."""
     tracker = Tracker(tracking_uri)
-    tags = {"specdiag.kind": "arm", "specdiag.arm": arm.name, "specdiag.drafter": arm.drafter or "none",
-            "specdiag.role": arm.role, "specdiag.probe": arm.probe or "none", RUN_COLOR: ROLE_COLORS[arm.role]}
+    run_name, tags = arm_run(arm)
     if fingerprint:
         tags[FINGERPRINT] = digest(fingerprint)
-    run_name = arm.name if arm.role == "baseline" else f"{arm.role}: {arm.name}"  # the MLflow table's first column
     result = ArmResult(arm.name, arm.role, tracker.start(experiment_id, run_name, tags, parent=parent_run_id),
                        probe=arm.probe, method=arm.spec.method if arm.spec else "",
                        k=arm.spec.num_speculative_tokens if arm.spec else 0)
     if fingerprint:
         tracker.text(result.run_id, json.dumps(fingerprint, indent=1, sort_keys=True, default=str), "fingerprint.json")
-    bench_cfg = cfg.bench.model_copy(update=dict(arm.bench))
-    ev, server, params, start = ArmEvidence(metrics=dict(offline or {})), None, {}, time.monotonic()
-    if arm.spec and arm.spec.expected_acceptance is not None:
-        ev.metrics["expected_acceptance"] = arm.spec.expected_acceptance
+    bench_cfg = arm.bench_config(cfg)
+    ev, server, params, start = ArmEvidence(metrics=known_before(arm, offline)), None, {}, time.monotonic()
     executor, held = executor_for(cfg.host), ExitStack()
     try:
         if blockers:

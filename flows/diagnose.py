@@ -132,13 +132,11 @@ def _measure(cfg, arm, tracker, where, prompts, offline, results, blockers, fing
 
 def _confirmed(cfg, decision, drafters, results, tracker, where, prompts):
     """--confirm: the verdict's fix served as one more arm (none where the evidence already is the intervention)."""
-    experiment, parent, workdir = where
+    parent = where[1]
     arm, why = fix_arm(cfg, decision, drafters)
     if arm:
-        base = next((r.request_tok_s for r in results if r.role == "baseline" and r.ok), None)
         with tracker.interrupts(parent, arm.name):
-            results.append(run_arm(cfg, resolved_drafters([arm])[0], tracker.uri, experiment, parent, workdir,
-                                   prompts, None, base, []))
+            results.append(_measure(cfg, resolved_drafters([arm])[0], tracker, where, prompts, None, results, [], None))
     return confirm(tracker, parent, decision, results, why), compare(tracker, parent, results)
 
 

@@ -39,11 +39,13 @@ def gather(tracker: Tracker, run_ids: list[str], candidate: str | None):
                 offline = OfflineResult(**saved["offline"])
         else:
             runs.append(run)
-    results = [arm_result(tracker, r) for r in runs]
-    if candidate:  # one arm judged as the candidate; any other candidate becomes an extra arm
-        results = [arm_result(tracker, r, "candidate" if r.data.tags["specdiag.arm"] == candidate else
-                              "extra" if r.data.tags["specdiag.role"] == "candidate" else None) for r in runs]
-    return results, findings, offline, recorded
+    def role(run) -> str | None:  # with --candidate, that arm is judged; any other candidate becomes an extra arm
+        if candidate:
+            return "candidate" if run.data.tags["specdiag.arm"] == candidate else \
+                "extra" if run.data.tags["specdiag.role"] == "candidate" else None
+        return None
+
+    return [arm_result(tracker, r, role(r)) for r in runs], findings, offline, recorded
 
 
 def main(argv: list[str] | None = None) -> int:

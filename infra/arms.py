@@ -13,7 +13,7 @@ from typing import Literal
 from infra import embedded, registry, vllm
 from infra.eagle3 import with_mapping
 from infra.executor import LocalExecutor, executor_for
-from infra.config import PROJECT_ROOT, DrafterConfig, Profile, SpecdiagError
+from infra.config import PROJECT_ROOT, BenchConfig, DrafterConfig, Profile, SpecdiagError
 
 Role = Literal["baseline", "candidate", "control", "extra", "probe", "confirm"]
 
@@ -28,6 +28,14 @@ class Arm:
     bench: tuple[tuple[str, object], ...] = ()  # benchmark settings of this arm only (raw_prompts, temperature...)
     target_args: tuple[str, ...] | None = None  # server arguments for this arm only (graphs probe)
     mapping_from: str | None = None  # take d2t/t2d from this checkpoint (control_mapping probe)
+
+    def server_args(self, profile: Profile) -> list[str]:
+        """The target's server arguments as this arm serves it."""
+        return list(self.target_args if self.target_args is not None else profile.target.args)
+
+    def bench_config(self, profile: Profile) -> BenchConfig:
+        """The profile's benchmark with this arm's own settings."""
+        return profile.bench.model_copy(update=dict(self.bench))
 
 
 @dataclass(frozen=True)
@@ -240,7 +248,7 @@ def plan_server(profile: Profile, arm: Arm, workdir: str) -> ServerPlan:
     model = embedded.resolve(profile.target.model)
     drafter_path = embedded.resolve(arm.spec.model) if arm.spec and arm.spec.model else None
     spec_cfg = arm.spec.speculative_config(drafter_path) if arm.spec else None
-    args = list(arm.target_args) if arm.target_args is not None else profile.target.args
+    args = arm.server_args(profile)
     argv = vllm.server_argv(python, model, profile.target.port, args, spec_cfg,
                             profile.target.served_model_name, profile.engine.per_request_spec_metrics)
     env = vllm.server_env({**profile.engine.env, **(arm.spec.engine_env if arm.spec else {})})
@@ -249,7 +257,7 @@ def plan_server(profile: Profile, arm: Arm, workdir: str) -> ServerPlan:
         "arm_role": arm.role,
         "probe": arm.probe or "none",
         **{f"bench_{k}": json.dumps(v, sort_keys=True) if isinstance(v, dict) else str(v)
-           for k, v in dict((("endpoint", profile.bench.endpoint),) + arm.bench).items()},
+           for k, v in {"endpoint": profile.bench.endpoint, **dict(arm.bench)}.items()},
         "spec_method": arm.spec.method if arm.spec else "none",
         "num_speculative_tokens": str(arm.spec.num_speculative_tokens if arm.spec else 0),
         "drafter_path": drafter_path or "none",

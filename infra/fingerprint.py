@@ -52,10 +52,10 @@ def fields(cfg: Profile, arm, target: str, prompts: list[str], ids: dict, judges
     if arm.spec:
         spec = {**arm.spec.model_dump(exclude={"model", "expected_acceptance"}),
                 "drafter": ids["paths"].get(arm.spec.model) if arm.spec.model else None}
-    bench = cfg.bench.model_copy(update=dict(arm.bench)).model_dump()
+    bench = arm.bench_config(cfg).model_dump()
     return {
         "target": ids["paths"][target],
-        "server_args": list(arm.target_args if arm.target_args is not None else cfg.target.args),
+        "server_args": arm.server_args(cfg),
         "engine": {"kind": cfg.engine.kind, "version": ids["engine"], "python": cfg.engine_python or "embedded",
                    "env": cfg.engine.env, "per_request_spec_metrics": cfg.engine.per_request_spec_metrics},
         "host": {"name": cfg.host.name, "kind": cfg.host.kind, "address": cfg.host.address, "gpus": cfg.host.gpus},

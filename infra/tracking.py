@@ -92,6 +92,11 @@ def metric_key(name: str) -> str:
     return f"sys/{name}" if name in HOUSEKEEPING else name
 
 
+def metric_name(key: str) -> str:
+    """The name the flow holds a metric under, from its MLflow key (metric_key's inverse)."""
+    return key.removeprefix("sys/")
+
+
 # One colour per role, in MLflow's charts (the UI reads the mlflow.runColor tag) and in our plots alike: the
 # baseline grey, the candidate red, the control green, far apart rather than MLflow's neighbouring blues.
 RUN_COLOR = "mlflow.runColor"

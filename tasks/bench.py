@@ -9,7 +9,7 @@ import json
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import httpx
 import numpy as np
@@ -51,6 +51,14 @@ class BenchResult:
         rows = [{**asdict(r), **{k: json.dumps(v) for k, v in asdict(r).items() if isinstance(v, list)},
                  "itl_ms": json.dumps([round(x, 3) for x in r.itl_ms])} for r in self.records]
         return pd.DataFrame(rows)
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame) -> "BenchResult":
+        """The records back from frame() (requests.csv): what reused and recomputed arms read their requests from."""
+        lists = {f.name for f in fields(RequestRecord) if f.type.startswith("list")}
+        rows = frame.astype(object).where(frame.notna(), None).to_dict("records")
+        return cls([RequestRecord(**{k: json.loads(v) if k in lists else v for k, v in row.items()
+                                     if v is not None or k in lists}) for row in rows], 0.0)
 
     def request_tok_s(self) -> list[float]:
         return [r.completion_tokens / (r.e2e_ms / 1000) for r in self.records if r.ok and r.e2e_ms > 0]

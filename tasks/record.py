@@ -7,7 +7,7 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra.tracking import Tracker
+from infra.tracking import ROLE_COLORS, RUN_COLOR, Tracker
 from tasks.bench import BenchResult
 from tasks.scrape import Snapshot
 
@@ -41,6 +41,21 @@ class ArmEvidence:
     after: Snapshot | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     sweep: pd.DataFrame | None = None  # the concurrency sweep's rows, if one ran
+
+
+def arm_run(arm) -> tuple[str, dict[str, str]]:
+    """An arm's MLflow run name (the runs table's first column) and tags, measured or reused."""
+    tags = {"specdiag.kind": "arm", "specdiag.arm": arm.name, "specdiag.drafter": arm.drafter or "none",
+            "specdiag.role": arm.role, "specdiag.probe": arm.probe or "none", RUN_COLOR: ROLE_COLORS[arm.role]}
+    return (arm.name if arm.role == "baseline" else f"{arm.role}: {arm.name}"), tags
+
+
+def known_before(arm, offline: dict[str, float] | None) -> dict[str, float]:
+    """What an arm's run carries before it is measured: its offline numbers and its declared expected acceptance."""
+    out = dict(offline or {})
+    if arm.spec and arm.spec.expected_acceptance is not None:
+        out["expected_acceptance"] = arm.spec.expected_acceptance
+    return out
 
 
 @task(name="record-arm", cache_policy=NO_CACHE)

@@ -4,7 +4,6 @@ original's params, metrics and artifacts, and the verdict reads it like a fresh 
 `reuse.max_age_h` bounds how old a measurement may be."""
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from datetime import datetime
@@ -21,8 +20,10 @@ from infra import fingerprint
 from infra.arms import Arm
 from infra.config import Profile, SpecdiagError
 from infra.executor import executor_for
-from infra.tracking import ROLE_COLORS, RUN_COLOR, Tracker
-from tasks.record import ArmResult
+from infra.tracking import Tracker, metric_name
+from tasks.acceptance import request_acceptance
+from tasks.bench import BenchResult
+from tasks.record import ArmResult, arm_run, known_before
 from tasks.verdict import speed_judged
 
 FINGERPRINT, REUSED_FROM = "specdiag.fingerprint", "specdiag.reused_from"
@@ -54,18 +55,21 @@ def newest_match(tracker: Tracker, digest: str, max_age_h: float) -> Run | None:
     return runs[0] if runs else None
 
 
-def per_request(tracker: Tracker, run_id: str) -> tuple[list[float], list[float]]:
-    """Each measured request's own tok/s and acceptance, from the arm's requests.csv (the paired speedup, the early
-    stop and the per-request plot read them)."""
+def per_request(folder: Path) -> tuple[list[float], list[float]]:
+    """Each measured request's own tok/s and acceptance, from an arm's requests.csv in FOLDER (the paired speedup,
+    the early stop and the per-request plot read them), as the flow computed them from the records."""
+    if not (folder / "requests.csv").exists():
+        return [], []
+    bench = BenchResult.from_frame(pd.read_csv(folder / "requests.csv"))
+    return bench.request_tok_s(), request_acceptance(bench.records)
+
+
+def recorded_requests(tracker: Tracker, run_id: str) -> tuple[list[float], list[float]]:
     if "requests.csv" not in {a.path for a in tracker.client.list_artifacts(run_id)}:
         return [], []
     with tempfile.TemporaryDirectory() as tmp:
-        frame = pd.read_csv(tracker.client.download_artifacts(run_id, "requests.csv", tmp))
-    ok = frame[(frame["ok"]) & (frame["e2e_ms"] > 0)]
-    tok_s = (ok["completion_tokens"] / (ok["e2e_ms"] / 1000)).tolist()
-    steps = [(sum(json.loads(a)), sum(json.loads(d))) for a, d in zip(frame[frame["ok"]]["step_accepted"],
-                                                                      frame[frame["ok"]]["step_drafted"])]
-    return tok_s, [a / d for a, d in steps if d > 0]
+        tracker.client.download_artifacts(run_id, "requests.csv", tmp)
+        return per_request(Path(tmp))
 
 
 def arm_result(tracker: Tracker, run: Run, role: str | None = None) -> ArmResult:
@@ -73,8 +77,8 @@ def arm_result(tracker: Tracker, run: Run, role: str | None = None) -> ArmResult
     tags, params = run.data.tags, run.data.params
     return ArmResult(tags["specdiag.arm"], role or tags["specdiag.role"], run.info.run_id,
                      run.info.status == "FINISHED", tags.get("specdiag.error", ""),
-                     {k.removeprefix("sys/"): v for k, v in run.data.metrics.items()},
-                     *per_request(tracker, run.info.run_id), "" if tags.get("specdiag.probe") == "none" else
+                     {metric_name(k): v for k, v in run.data.metrics.items()},
+                     *recorded_requests(tracker, run.info.run_id), "" if tags.get("specdiag.probe") == "none" else
                      tags.get("specdiag.probe", ""), "" if params.get("spec_method", "none") == "none" else
                      params["spec_method"], int(params.get("num_speculative_tokens", 0)),
                      reused_from=tags.get(REUSED_FROM, ""))
@@ -86,22 +90,19 @@ def reuse_arm(tracker: Tracker, found: Run, arm: Arm, experiment_id: str, parent
     """The found run as this diagnosis's arm: a FINISHED child run with its params, metrics and artifacts."""
     original = found.data.tags.get(REUSED_FROM, found.info.run_id)
     when = datetime.fromtimestamp(found.info.start_time / 1000).strftime("%Y-%m-%d %H:%M")
-    tags = {"specdiag.kind": "arm", "specdiag.arm": arm.name, "specdiag.drafter": arm.drafter or "none",
-            "specdiag.role": arm.role, "specdiag.probe": arm.probe or "none", RUN_COLOR: ROLE_COLORS[arm.role],
-            FINGERPRINT: found.data.tags[FINGERPRINT], REUSED_FROM: original, "specdiag.reused_at": when}
-    name = arm.name if arm.role == "baseline" else f"{arm.role}: {arm.name}"
+    name, tags = arm_run(arm)
+    tags.update({FINGERPRINT: found.data.tags[FINGERPRINT], REUSED_FROM: original, "specdiag.reused_at": when})
     run = tracker.start(experiment_id, f"{name} (reused)", tags, parent=parent_run_id)
-    metrics = {k.removeprefix("sys/"): v for k, v in found.data.metrics.items() if not k.startswith("offline_")}
-    metrics.update(offline or {})
-    if arm.spec and arm.spec.expected_acceptance is not None:
-        metrics["expected_acceptance"] = arm.spec.expected_acceptance
+    metrics = {metric_name(k): v for k, v in found.data.metrics.items() if not k.startswith("offline_")}
+    metrics.update(known_before(arm, offline))
     copied = False
     try:
         tracker.params(run, {**found.data.params, "reused_from": original})
         tracker.metrics(run, metrics)
         with tempfile.TemporaryDirectory() as tmp:
-            tracker.client.log_artifacts(run, tracker.client.download_artifacts(found.info.run_id, "", tmp))
-        tok_s, acceptance = per_request(tracker, run)
+            folder = tracker.client.download_artifacts(found.info.run_id, "", tmp)
+            tracker.client.log_artifacts(run, folder)
+            tok_s, acceptance = per_request(Path(folder))
         copied = True
     finally:
         tracker.finish(run, copied)

@@ -16,7 +16,7 @@ from tasks.offline import OfflineResult
 from tasks.record import ArmResult
 from tasks.speedup import k_sweep, speed_models
 from tasks.verdict.evidence import (HEALTHY, INTEGRATION_RATIO, MIN_DRAFTS, NEAR_ZERO, Verdict,
-                                    acceptance_interval, decision_thresholds, fmt, offline_interval, speed_judged)
+                                    acceptance_interval, decision_thresholds, offline_interval, probe_line, speed_judged)
 from tasks.verdict.rules import RULES, decide
 
 EVIDENCE = "evidence.json"  # the static findings and the offline evaluation, as the rules read them
@@ -61,7 +61,7 @@ def assemble(results: list[ArmResult], findings: dict[str, list[Finding]],
     """The candidate's verdict with every line of evidence the record shows, and each other drafter arm's own cause:
     from the arms' figures, the static findings and the offline evaluation alone (flows/verdict.py recomputes it)."""
     v = decide(results, findings, offline)
-    v.evidence += [fmt(p.arm, p.metrics) + f" (probe {p.probe})" for p in results if p.role == "probe" and p.ok
+    v.evidence += [probe_line(p) for p in results if p.role == "probe" and p.ok
                    and not any(e.startswith(f"{p.arm}: acceptance") for e in v.evidence)]  # read or not, shown
     v.evidence += [line for line in throughput_lines(results) if line not in v.evidence]
     sweep, _ = k_sweep(results)

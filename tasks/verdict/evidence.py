@@ -93,6 +93,11 @@ def fmt(name: str, m: dict[str, float]) -> str:
             f"{m.get('num_drafts', 0):.0f} drafts / {m.get('num_draft_tokens', 0):.0f} draft tokens{requests}")
 
 
+def probe_line(p) -> str:
+    """A probe arm's acceptance, named as the probe that derived it."""
+    return fmt(p.arm, p.metrics) + f" (probe {p.probe})"
+
+
 PROBE_RATIO = 1.5  # a probe arm decides only when its acceptance differs from the candidate's by this factor
 
 

@@ -20,7 +20,7 @@ from tasks.record import ArmResult
 from tasks.speedup import k_sweep, speed_models
 from tasks.verdict.evidence import (CONTROL_GOOD, HEALTHY, INTEGRATION_RATIO, MIN_CONTROL_DRAFTS, MIN_DRAFTS,
                                     NARROW, NEAR_ZERO, PROBE_RATIO, VOCAB_CODES, Verdict, acceptance_interval,
-                                    differs, fmt, fmt_offline, offline_interval)
+                                    differs, fmt, fmt_offline, offline_interval, probe_line)
 
 
 @dataclass
@@ -224,7 +224,7 @@ def probes(c: Case) -> Verdict | None:
     quiet = []
     for p in (r for r in c.results if r.role == "probe" and r.ok and r.probe in PROBE_CAUSES):
         both, cause, why, fix = PROBE_CAUSES[p.probe]
-        line = fmt(p.arm, p.metrics) + f" (probe {p.probe})"
+        line = probe_line(p)
         if differs(p.metrics, c.m) or (both and differs(c.m, p.metrics)):
             return Verdict(cause, c.evidence + [line, why], fix, {"confirmed_by": f"the probe arm {p.arm}"})
         quiet.append(f"{line}: no clear difference from the candidate")

@@ -77,7 +77,7 @@ def test_each_requests_figures_come_back_from_the_record_as_the_flow_held_them(t
     from tasks.bench import BenchResult, RequestRecord
     from tasks.plots import draw
     from tasks.record import ArmResult
-    from tasks.reuse import per_request
+    from tasks.reuse import recorded_requests
     from infra.tracking import Tracker
 
     records = [RequestRecord(0, True, completion_tokens=40, e2e_ms=1234.5, step_drafted=[4, 4, 4],
@@ -88,7 +88,7 @@ def test_each_requests_figures_come_back_from_the_record_as_the_flow_held_them(t
     tracker = Tracker(f"sqlite:///{tmp_path}/m.db")
     run = tracker.start(tracker.experiment("t"), "arm", {})
     tracker.table(run, bench.frame(), "requests.csv")
-    tok_s, acceptance = per_request(tracker, run)
+    tok_s, acceptance = recorded_requests(tracker, run)
     assert tok_s == pytest.approx(bench.request_tok_s()) and len(tok_s) == 3
     assert acceptance == pytest.approx(request_acceptance(records)) and acceptance == pytest.approx([5 / 12, 4 / 8])
     arm = ArmResult("cand", "candidate", run, True, "", {"acceptance_rate_req": 0.45, "acceptance_rate_req_lo": 0.3,
