@@ -128,7 +128,7 @@ def _temperature(profile: Profile, cand: Arm, ctrl: Arm | None) -> list[Arm]:
 
 def _thinking(profile: Profile, cand: Arm, ctrl: Arm | None) -> list[Arm]:
     """A reasoning target's chat template with thinking switched the other way (bench.thinking_kwarg: the template's
-    variable, e.g. Kimi-K2.5 `thinking`, Qwen3 `enable_thinking`; a template without it is unchanged)."""
+    variable, e.g. Qwen3's `enable_thinking`; a template without it is unchanged)."""
     key, kwargs = profile.bench.thinking_kwarg, dict(profile.bench.chat_template_kwargs)
     if profile.bench.endpoint != "chat":
         raise SpecdiagError("probe thinking switches a chat-template kwarg: it needs bench.endpoint chat")

@@ -127,9 +127,9 @@ class BenchConfig(_Strict):
     temperature: float = Field(default=0.0, ge=0.0)
     concurrency: int = Field(default=1, ge=1)
     endpoint: Literal["chat", "completions"] = "chat"
-    # Sent with every chat request (vLLM's chat_template_kwargs), e.g. {thinking: false} for Kimi-K2.5 instant mode.
+    # Sent with every chat request (vLLM's chat_template_kwargs), e.g. {enable_thinking: false} for a Qwen3 target.
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
-    thinking_kwarg: str = "enable_thinking"  # the template's thinking switch, for the thinking probe (Kimi: thinking)
+    thinking_kwarg: str = "enable_thinking"  # the variable the target's template reads (thinking probe; check yours)
     request_timeout_s: float = Field(default=300.0, gt=0)
     request_rate: float | None = Field(default=None, gt=0)  # Poisson arrivals (req/s); None = back to back
     # After the measured window, the same prompts again at each of these concurrencies, on the same server
