@@ -8,6 +8,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from prefect import flow
+from pydantic import TypeAdapter
 
 from infra import vllm
 from infra.arms import Arm, local_dir, plan_server
@@ -15,6 +16,7 @@ from infra.config import Profile
 from infra.executor import executor_for
 from infra.fingerprint import digest
 from infra.hostlock import host_lock
+from infra.spread import RemoteRuns
 from infra.stats import mean_interval
 from infra.tracking import Tracker, interruption, signal_name
 from tasks.acceptance import request_acceptance, request_metrics
@@ -23,7 +25,7 @@ from tasks.cleanup import cleanup
 from tasks.health import wait_healthy
 from tasks.launch import launch_server
 from tasks.record import ArmEvidence, ArmResult, arm_run, known_before, record_arm
-from tasks.reuse import FINGERPRINT
+from tasks.reuse import FINGERPRINT, arm_result
 from tasks.scrape import counter_metrics, log_crosscheck, scrape, spec_totals, spec_window
 from tasks.teardown import stop_unreturned, teardown
 from tasks.verdict import decision_thresholds, speed_judged
@@ -53,7 +55,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
         if blockers:
             raise StaticCheckFailed("; ".join(blockers) + " (the server was not started; --force launches anyway)")
         # one server per host at a time, across flow runs: queued here, held until teardown
-        ev.metrics["host_lock_wait_s"] = held.enter_context(host_lock(cfg.host, cfg.target.port))
+        ev.metrics["host_lock_wait_s"] = held.enter_context(host_lock(cfg.host, cfg.server_port))
         plan = plan_server(cfg, arm, workdir)
         params, ev.log_path = plan.params, plan.log_path
         ev.metrics.update(cleanup(executor, cfg.host))
@@ -111,6 +113,26 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
         record_arm(tracker, result, params, ev)
         executor.close()
     return result
+
+
+def remote_arm(runs: RemoteRuns, host: str, params: dict) -> ArmResult:
+    """run_arm(**params) by the worker of HOST (infra/spread.py), read back from the MLflow run it recorded."""
+    arm, tracker = params["arm"], Tracker(params["tracking_uri"])
+    flow_run = runs.run(host, TypeAdapter(dict).dump_python(params, mode="json"), arm.name)
+    where = (f"tags.mlflow.parentRunId = '{params['parent_run_id']}' and tags.`specdiag.arm` = '{arm.name}' "
+             f"and tags.`specdiag.kind` = 'arm'")
+    found = tracker.client.search_runs([params["experiment_id"]], where, order_by=["attributes.start_time DESC"],
+                                       max_results=1)
+    if found:
+        return arm_result(tracker, found[0], arm.role)
+    error = f"its flow run {flow_run.name} on host {host} ended {flow_run.state.name} before recording anything: " \
+            f"{flow_run.state.message or 'see the worker log'}"
+    name, tags = arm_run(arm)
+    run_id = tracker.start(params["experiment_id"], name, tags, parent=params["parent_run_id"])
+    tracker.tag(run_id, "specdiag.error", error[:500])
+    tracker.finish(run_id, False)
+    print(f"[{arm.name}] FAILED: {error}")
+    return ArmResult(arm.name, arm.role, run_id, False, error)
 
 
 class StaticCheckFailed(Exception):

@@ -170,7 +170,7 @@ def validate_inputs(profile: Profile, arms: list[Arm]) -> None:
         python = profile.engine_python
         if python and "/" in python and not _exists(ex, python):
             raise SpecdiagError(f"engine python {python} does not exist {where} (engine.python or hosts.<name>.python)")
-        _check_port(ex, profile.target.port, where)
+        _check_port(ex, profile.server_port, where)
         _check_extra(ex, python if python or profile.host.kind != "local" else embedded.engine_python(), arms, where)
     finally:
         ex.close()
@@ -249,9 +249,13 @@ def plan_server(profile: Profile, arm: Arm, workdir: str) -> ServerPlan:
     drafter_path = embedded.resolve(arm.spec.model) if arm.spec and arm.spec.model else None
     spec_cfg = arm.spec.speculative_config(drafter_path) if arm.spec else None
     args = arm.server_args(profile)
-    argv = vllm.server_argv(python, model, profile.target.port, args, spec_cfg,
+    argv = vllm.server_argv(python, model, profile.server_port, args, spec_cfg,
                             profile.target.served_model_name, profile.engine.per_request_spec_metrics)
-    env = vllm.server_env({**profile.engine.env, **(arm.spec.engine_env if arm.spec else {})})
+    pinned = {}
+    if profile.host.cpus:  # every process of the server on these cores: a CPU host split in parts
+        pinned = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, profile.host.cpus))}
+        argv = ["taskset", "-c", pinned["VLLM_CPU_OMP_THREADS_BIND"], *argv]
+    env = vllm.server_env({**profile.engine_env, **pinned, **(arm.spec.engine_env if arm.spec else {})})
     safe = re.sub(r"[^\w.-]", "_", arm.name)
     params = {
         "arm_role": arm.role,
@@ -267,5 +271,5 @@ def plan_server(profile: Profile, arm: Arm, workdir: str) -> ServerPlan:
     }
     if arm.spec and arm.spec.engine_env:
         params["engine_env"] = json.dumps(arm.spec.engine_env, sort_keys=True)
-    return ServerPlan(arm.name, argv, env, profile.target.port, str(PurePosixPath(workdir) / f"{safe}.server.log"),
+    return ServerPlan(arm.name, argv, env, profile.server_port, str(PurePosixPath(workdir) / f"{safe}.server.log"),
                       params)

@@ -110,6 +110,9 @@ class HostConfig(_Strict):
     workdir: str = "runs"  # server logs; relative to the project root (local) or the login directory (ssh)
     gpu_memory_free_mib: int = 1024  # cleanup counts a GPU as free under this much used memory
     gpus: list[int] | None = None  # GPUs the server uses; None = all
+    cpus: list[int] | None = None  # CPU cores the whole server is confined to (taskset; vLLM CPU binds its threads)
+    server_port: int | None = Field(default=None, ge=1024, le=65535)  # the server's port here; None = target.port
+    env: dict[str, str] = Field(default_factory=dict)  # engine environment on this host, over engine.env
     stop_any_gpu_process: bool = False  # opt in: cleanup may stop processes this tool did not start
 
     @model_validator(mode="after")
@@ -164,6 +167,15 @@ class OfflineConfig(_Strict):
     python: str | None = None  # interpreter for it on the host (torch, safetensors); None = the engine's
 
 
+class SpreadConfig(_Strict):
+    """One diagnosis's arms run concurrently, one per host, by Prefect workers (infra/spread.py): each host of
+    `hosts` has a work queue `host-<name>` in `pool`, polled by a worker started with --limit 1."""
+
+    hosts: list[str] = Field(default_factory=list)  # hosts of the inventory; empty: in order, in this process
+    pool: str = "specdiag"
+    deployment: str = "arm/spread"  # the arm flow's deployment (prefect.yaml)
+
+
 class Profile(_Strict):
     name: str
     target: TargetConfig
@@ -187,6 +199,7 @@ class Profile(_Strict):
     force: bool = False
     confirm: bool = False  # run the verdict's fix as one more arm (tasks/confirm.py)
     reuse: ReuseConfig = Field(default_factory=ReuseConfig)
+    spread: SpreadConfig = Field(default_factory=SpreadConfig)
 
     @model_validator(mode="after")
     def _pick_host(self) -> "Profile":
@@ -194,11 +207,25 @@ class Profile(_Strict):
             if h.name != name:
                 self.hosts[name] = h.model_copy(update={"name": name})
         self.hosts.setdefault("local", HostConfig())
+        for name in ([self.host] if isinstance(self.host, str) else []) + self.spread.hosts:
+            if name not in self.hosts:
+                raise ValueError(f"unknown host {name!r}; known hosts: {', '.join(sorted(self.hosts))}")
         if isinstance(self.host, str):
-            if self.host not in self.hosts:
-                raise ValueError(f"unknown host {self.host!r}; known hosts: {', '.join(sorted(self.hosts))}")
             self.host = self.hosts[self.host]
         return self
+
+    def on_host(self, name: str) -> "Profile":
+        """This profile with one host of its inventory serving it."""
+        return self.model_copy(update={"host": self.hosts[name]})
+
+    @property
+    def server_port(self) -> int:
+        return self.host.server_port or self.target.port
+
+    @property
+    def engine_env(self) -> dict[str, str]:
+        """The servers' environment on this host: the engine's, then the host's own."""
+        return {**self.engine.env, **self.host.env}
 
     @property
     def engine_python(self) -> str | None:
