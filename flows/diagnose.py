@@ -16,11 +16,12 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 from prefect import flow  # noqa: E402
 from prefect.exceptions import TerminationSignal  # noqa: E402
 
-from flows.arm import run_arm
+from flows.arm import remote_arm, run_arm
+from infra import spread
 from infra.arms import plan_arms, resolved_drafters, resolved_target, run_dir, validate_inputs
 from infra.config import PROJECT_ROOT, DrafterRef, NoControl, ProfileRef, SpecdiagError, load_profile
 from infra.fingerprint import digest
-from infra.tracking import Tracker, check_store, interrupted_where, interruption, signal_name
+from infra.tracking import Tracker, check_store, interrupted_where, interruption, signal_name, tracking_uri
 from infra.promptsets import load as load_prompts
 from tasks.compare import compare, comparison_markdown
 from tasks.confirm import confirm, fix_arm
@@ -38,7 +39,10 @@ def prepare(profile: str = "demo", overrides: dict | None = None, sets: list[str
     cfg = load_profile(profile, overrides, sets)
     check_store()
     arms = plan_arms(cfg)
-    validate_inputs(cfg, arms)
+    for on_host in _hosts(cfg).values():
+        validate_inputs(on_host, arms)
+    if cfg.spread.hosts:
+        spread.check(cfg, tracking_uri())
     prompts = load_prompts(cfg.bench.prompts, cfg.bench.warmup + cfg.bench.num_prompts)
     return cfg, arms, prompts
 
@@ -74,13 +78,8 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
         laps.lap("setup_s")
         offline = offline_eval(cfg, drafters, target, prompts[cfg.bench.warmup:], workdir, tracker, parent)
         laps.lap("offline_s")
-        prints, where = fingerprints(cfg, drafters, target, prompts), (experiment, parent, workdir)
-        results: list[ArmResult] = []
-        for arm in drafters:  # in order, the baseline first: later arms' early stop compares with its tok/s
-            blockers = [] if cfg.force else [f"{f.code}: {f.message}" for f in findings.get(arm.name, []) if f.gating]
-            with tracker.interrupts(parent, arm.name):
-                results.append(_measure(cfg, arm, tracker, where, prompts, offline.metrics.get(arm.name), results,
-                                        blockers, prints.get(arm.name)))
+        where = (experiment, parent)
+        results = _arms(cfg, drafters, findings, offline.metrics, tracker, where, prompts, target)
         laps.lap("arms_s")
         table = compare(tracker, parent, results)
         decision = verdict(tracker, parent, results, findings, offline)
@@ -119,15 +118,48 @@ class Laps(dict):
         return ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in self.items() if k != "diagnosis_wall_s")
 
 
-def _measure(cfg, arm, tracker, where, prompts, offline, results, blockers, fingerprint):
-    """The arm reused from MLflow where an arm with its fingerprint succeeded before, else measured on a server."""
-    experiment, parent, workdir = where
+def _hosts(cfg) -> dict:
+    """Where the arms run, by host name: each host of spread.hosts (by its worker), else the profile's host."""
+    return {h: cfg.on_host(h) for h in cfg.spread.hosts} if cfg.spread.hosts else {cfg.host.name: cfg}
+
+
+def _arms(cfg, drafters, findings, offline, tracker, where, prompts, target) -> list[ArmResult]:
+    """Every arm, in order here on the profile's host, or by the workers of spread.hosts: each next arm to the
+    first free host."""
+    on = _hosts(cfg)
+    prints = {h: fingerprints(c, drafters, target, prompts) for h, c in on.items()}
+    runs = spread.RemoteRuns(cfg.spread.deployment, cfg.spread.pool) if cfg.spread.hosts else None
+    results: list[ArmResult] = []  # as they end: a later arm's early stop compares with the baseline's tok/s
+
+    def one(arm, host):
+        blockers = [] if cfg.force else [f"{f.code}: {f.message}" for f in findings.get(arm.name, []) if f.gating]
+        with tracker.interrupts(where[1], arm.name):
+            result = _measure(on[host], arm, tracker, where, prompts, offline.get(arm.name), results, blockers,
+                              prints[host].get(arm.name), runs, host)
+        results.append(result)
+        return result
+    if not runs:  # in order, the baseline first, in this thread: Ctrl-C reaches the arm's own teardown
+        return [one(arm, cfg.host.name) for arm in drafters]
+    try:
+        return spread.dispatch(list(on), drafters, one)
+    except BaseException:  # Ctrl-C, SIGTERM: each worker stops its arm, whose teardown stops the server
+        runs.cancel()
+        raise
+
+
+def _measure(cfg, arm, tracker, where, prompts, offline, results, blockers, fingerprint, runs=None, host=""):
+    """The arm reused from MLflow where an arm with its fingerprint succeeded before, else measured on a server:
+    here, or by the worker of its host (runs: the spread's flow runs)."""
+    experiment, parent = where
     found = newest_match(tracker, digest(fingerprint), cfg.reuse.max_age_h) \
         if fingerprint and cfg.reuse.enabled and not blockers else None
     if found:
         return reuse_arm(tracker, found, arm, experiment, parent, offline)
     base = next((r.request_tok_s for r in results if r.role == "baseline" and r.ok), None)
-    return run_arm(cfg, arm, tracker.uri, experiment, parent, workdir, prompts, offline, base, blockers, fingerprint)
+    params = dict(cfg=cfg, arm=arm, tracking_uri=tracker.uri, experiment_id=experiment, parent_run_id=parent,
+                  workdir=run_dir(cfg, parent), prompts=prompts, offline=offline, baseline_tok_s=base,
+                  blockers=blockers, fingerprint=fingerprint)
+    return remote_arm(runs, host, params) if runs else run_arm(**params)
 
 
 def _confirmed(cfg, decision, drafters, results, tracker, where, prompts):

@@ -44,11 +44,13 @@ def wait_http(url: str, proc: subprocess.Popen, timeout_s: float, what: str) -> 
 
 
 @contextmanager
-def mlflow_server(store_uri: str, timeout_s: float = 120):
-    """`mlflow server` on the store (artifacts where its experiments say), on a free local port; yields its URL."""
+def mlflow_server(store_uri: str, timeout_s: float = 120, artifacts: Path | None = None):
+    """`mlflow server` on the store, on a free local port; yields its URL. Artifacts where its experiments say, and
+    those of experiments its clients create in ARTIFACTS (it serves them: clients elsewhere write through it)."""
     port = free_port()
     log = open(Path(store_uri.removeprefix("sqlite:///")).with_suffix(".server.log"), "w")
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store_uri,
+    served = ["--artifacts-destination", str(artifacts)] if artifacts else []
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store_uri, *served,
                              "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

@@ -32,6 +32,8 @@ def parser() -> argparse.ArgumentParser:
                    choices=list(PROBES),
                    help="add probe arms derived from the candidate (repeatable)")
     p.add_argument("--host", help="run the servers on this host of the profile's inventory (e.g. over SSH)")
+    p.add_argument("--hosts", nargs="+", metavar="HOST", help="spread the arms over these hosts of the inventory, "
+                   "one arm per host at a time, through Prefect workers (spread.hosts; see the README)")
     p.add_argument("--prompt-set", metavar="NAME|PATH", help="chat, math, code, long, or a JSONL / ShareGPT file")
     p.add_argument("--early-stop", action="store_true", help="end each arm once its numbers are precise enough")
     p.add_argument("--confirm", action="store_true", help="run the fix the verdict implies as one more arm and say "
@@ -61,7 +63,8 @@ def overrides(args: argparse.Namespace) -> dict:
     out = {"drafter": args.drafter, "control": args.control, "arms": args.arms,
            "bench.num_prompts": args.prompts, "bench.max_tokens": args.max_tokens,
            "bench.concurrency": args.concurrency, "target.port": args.port, "probes": args.probes,
-           "host": args.host, "bench.prompts": args.prompt_set, "bench.early_stop": args.early_stop or None,
+           "host": args.host, "spread.hosts": args.hosts, "bench.prompts": args.prompt_set,
+           "bench.early_stop": args.early_stop or None,
            "force": args.force or None, "confirm": args.confirm or None,
            "reuse.enabled": False if args.fresh else None, "reuse.max_age_h": args.max_age,
            "offline.hidden_states": args.hidden_states}

@@ -33,14 +33,19 @@ def test_help_documents_the_flags():
         assert flag in out
 
 
-def test_prefect_deployment_points_at_the_diagnose_flow():
+def test_prefect_deployments_point_at_the_diagnose_and_arm_flows():
     from prefect.flows import load_flow_from_entrypoint
 
+    from infra.config import SpreadConfig
+
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
-    (deployment,) = spec["deployments"]
-    flow = load_flow_from_entrypoint(str(ROOT / deployment["entrypoint"]))
+    found = {d["name"]: d for d in spec["deployments"]}
+    flow = load_flow_from_entrypoint(str(ROOT / found["diagnose"]["entrypoint"]))
     assert flow.name == "diagnose"
-    assert set(deployment["parameters"]) <= set(inspect.signature(flow.fn).parameters)
+    assert set(found["diagnose"]["parameters"]) <= set(inspect.signature(flow.fn).parameters)
+    arm = load_flow_from_entrypoint(str(ROOT / found["spread"]["entrypoint"]))  # what spread.hosts runs on workers
+    assert f"{arm.name}/spread" == SpreadConfig().deployment
+    assert found["spread"]["work_pool"]["name"] == SpreadConfig().pool
 
 
 @pytest.mark.parametrize("at_deploy", [True, False], ids=["set-at-deploy", "set-on-worker"])

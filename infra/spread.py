@@ -1,0 +1,118 @@
+"""One diagnosis's arms spread over several hosts, through Prefect's own machinery.
+
+The arm flow (flows/arm.py:run_arm) is a deployment, `arm/spread` in prefect.yaml, in a work pool with one work
+queue per host, `host-<name>`. Each queue is polled by one worker started with `--limit 1` (on the host itself, or
+anywhere that reaches it over SSH), so a host serves one arm at a time. The diagnosis hands each next arm to
+whichever host is free (run_deployment into that host's queue): a slow arm on one host does not hold the others
+back. Every worker writes to the MLflow tracking server the diagnosis passes it, and the arm is read back from
+there. The per-host lock (infra/hostlock.py) still holds: it lives on the same Prefect server.
+"""
+from __future__ import annotations
+
+import contextvars
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from typing import Callable, TypeVar
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import FlowRun
+from prefect.deployments import run_deployment
+from prefect.exceptions import ObjectNotFound
+from prefect.settings import PREFECT_API_URL
+from prefect.states import Cancelling
+
+from infra.config import PROJECT_ROOT, Profile, SpecdiagError
+
+POLL_S = 1.0  # how often a dispatched arm's flow run is read back
+WORKER_SILENT_S = 90.0  # a queue polled longer ago than this has no live worker
+T, R = TypeVar("T"), TypeVar("R")
+
+
+def queue_name(host: str) -> str:
+    return f"host-{host}"
+
+
+def worker_command(pool: str, host: str) -> str:
+    """The queue (a worker does not create it) and its worker, as a user starts them."""
+    return (f"prefect work-queue create {queue_name(host)} --pool {pool}; SPECDIAG_HOME={PROJECT_ROOT} "
+            f"prefect worker start --pool {pool} --work-queue {queue_name(host)} --limit 1")
+
+
+def check(cfg: Profile, tracking_uri: str) -> None:
+    """Before any arm: a Prefect server and an MLflow server that every worker reaches, the arm deployment, and a
+    live worker on each host's queue. Each refusal names the command that fixes it."""
+    if not PREFECT_API_URL.value():
+        raise SpecdiagError("spreading arms over hosts needs a Prefect server its workers reach: start one "
+                            "(`prefect server start`) and set PREFECT_API_URL, here and on each worker")
+    if not tracking_uri.startswith(("http://", "https://")):
+        raise SpecdiagError(f"spreading arms over hosts needs an MLflow tracking server every worker writes to, not "
+                            f"{tracking_uri}: start one (`mlflow server --backend-store-uri sqlite:///mlflow.db "
+                            "--artifacts-destination ./mlartifacts --host 0.0.0.0`) and set MLFLOW_TRACKING_URI")
+    spread = cfg.spread
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_deployment_by_name(spread.deployment)
+        except ObjectNotFound:
+            raise SpecdiagError(f"no Prefect deployment {spread.deployment}: run `prefect --no-prompt deploy "
+                                f"--name {spread.deployment.split('/')[-1]}` in {PROJECT_ROOT}") from None
+        now = datetime.now(timezone.utc)
+        for host in spread.hosts:
+            try:
+                polled = client.read_work_queue_by_name(queue_name(host), work_pool_name=spread.pool).last_polled
+            except ObjectNotFound:
+                polled = None
+            if polled is None or (now - polled).total_seconds() > WORKER_SILENT_S:
+                raise SpecdiagError(f"no worker serves host {host}: work queue {queue_name(host)} of pool "
+                                    f"{spread.pool} is not polled. Start one: {worker_command(spread.pool, host)}")
+
+
+def dispatch(hosts: list[str], items: list[T], run: Callable[[T, str], R]) -> list[R]:
+    """run(item, host) for every item, in order, each on whichever host is free first; results in items' order."""
+    free: queue.Queue[str] = queue.Queue()
+    for host in hosts:
+        free.put(host)
+
+    def one(item: T) -> R:
+        host = free.get()
+        try:
+            return run(item, host)
+        finally:
+            free.put(host)
+
+    pool = ThreadPoolExecutor(len(hosts), thread_name_prefix="spread")
+    try:  # each thread in a copy of this flow's context: its flow runs are this flow run's subflows
+        futures = [pool.submit(contextvars.copy_context().run, one, item) for item in items]
+        return [f.result() for f in futures]
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+class RemoteRuns:
+    """Flow runs of the arm deployment started by this diagnosis: waited for, and cancelled if it is interrupted."""
+
+    def __init__(self, deployment: str, pool: str):
+        self.deployment, self.pool, self.live, self._lock = deployment, pool, set(), threading.Lock()
+
+    def run(self, host: str, parameters: dict, name: str) -> FlowRun:
+        """The arm's flow run on HOST's queue, once it ended (the worker runs it; this only waits)."""
+        flow_run = run_deployment(self.deployment, parameters=parameters, work_queue_name=queue_name(host),
+                                  timeout=0, tags=[f"host:{host}"], flow_run_name=f"arm-{name}@{host}")
+        with self._lock:
+            self.live.add(flow_run.id)
+        try:
+            with get_client(sync_client=True) as client:
+                while not (flow_run := client.read_flow_run(flow_run.id)).state.is_final():
+                    time.sleep(POLL_S)
+            return flow_run
+        finally:
+            with self._lock:
+                self.live.discard(flow_run.id)
+
+    def cancel(self) -> None:
+        """Every arm still running: its worker stops the flow run, whose teardown stops its server."""
+        with self._lock, get_client(sync_client=True) as client:
+            for run_id in self.live:
+                client.set_flow_run_state(run_id, Cancelling(message="the diagnosis was interrupted"), force=True)

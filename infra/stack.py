@@ -1,0 +1,130 @@
+"""The services a diagnosis spread over hosts runs on, started as the README starts them: a Prefect server, the
+process work pool with the arm flow's deployment (prefect.yaml), one worker per host, each on its host's queue with
+--limit 1 (infra/spread.py), and an MLflow tracking server (infra/browser.mlflow_server). The two-host test and
+benchmarks/spread_hosts.py run on them."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import httpx
+
+from infra.browser import free_port, wait_http
+from infra.config import PROJECT_ROOT, SpecdiagError
+from infra.spread import queue_name
+
+
+def _prefect(env: dict, *args: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "prefect", *args], env=env, cwd=PROJECT_ROOT, text=True,
+                          capture_output=True, timeout=300)
+    if done.returncode != 0 and "already exists" not in done.stdout + done.stderr:
+        raise RuntimeError(f"prefect {' '.join(args)} failed: {(done.stdout + done.stderr)[-2000:]}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+@contextmanager
+def _process(argv: list[str], env: dict, log: Path):
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, env=env, cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            yield proc
+        finally:
+            _stop(proc)
+
+
+@contextmanager
+def prefect_server(home: Path, timeout_s: float = 180):
+    """`prefect server start` with its own PREFECT_HOME (database), on a free local port; yields its API URL."""
+    port = free_port()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    home.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    with _process(argv, env, home / "server.log") as proc:
+        url = f"http://127.0.0.1:{port}/api"
+        wait_http(f"{url}/health", proc, timeout_s, f"prefect server (see {home / 'server.log'})")
+        yield url
+
+
+@contextmanager
+def workers(api_url: str, pool: str, hosts: list[str], logs: Path, timeout_s: float = 120):
+    """The pool, the arm deployment, and one worker per host polling its queue; yields once every queue is polled."""
+    env = {**os.environ, "PREFECT_API_URL": api_url, "SPECDIAG_HOME": str(PROJECT_ROOT), "PYTHONUNBUFFERED": "1",
+           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    _prefect(env, "work-pool", "create", pool, "--type", "process", "--overwrite")
+    _prefect(env, "--no-prompt", "deploy", "--name", "spread")
+    logs.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        for host in hosts:
+            _prefect(env, "work-queue", "create", queue_name(host), "--pool", pool)  # a worker does not create it
+            stack.enter_context(_process(
+                [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--work-queue", queue_name(host),
+                 "--limit", "1", "--name", f"specdiag-{host}"], env, logs / f"worker-{host}.log"))
+        deadline = time.monotonic() + timeout_s
+        while not all(_polled(api_url, pool, queue_name(h)) for h in hosts):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"workers did not poll their queues in {timeout_s:.0f} s (see {logs})")
+            time.sleep(1)
+        yield
+
+
+def _polled(api_url: str, pool: str, name: str) -> bool:
+    got = httpx.get(f"{api_url}/work_pools/{pool}/queues/{name}", timeout=10)
+    return got.status_code == 200 and got.json().get("last_polled") is not None
+
+
+SSHD = "/usr/sbin/sshd"
+
+
+def _keygen(path: Path) -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return path.with_suffix(".pub").read_text().strip()
+
+
+@contextmanager
+def loopback_sshd(d: Path, timeout_s: float = 15):
+    """A real OpenSSH sshd on 127.0.0.1 with keys generated in D: a "remote" host that is this machine. Yields its
+    port, known_hosts file, client key and process."""
+    if not Path(SSHD).exists() or os.geteuid() != 0:
+        raise SpecdiagError("needs root and OpenSSH sshd (apt-get install openssh-server; .ci/run installs it)")
+    d.mkdir(parents=True, exist_ok=True)
+    host_pub = _keygen(d / "host_key")
+    (d / "authorized_keys").write_text(_keygen(d / "client_key") + "\n")
+    port = free_port()  # sshd refuses port 0: pick one first
+    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
+    argv = [SSHD, "-D", "-e", "-f", "/dev/null", "-o", f"Port={port}", "-o", "ListenAddress=127.0.0.1",
+            "-o", f"HostKey={d / 'host_key'}", "-o", f"AuthorizedKeysFile={d / 'authorized_keys'}",
+            "-o", "StrictModes=no", "-o", "PermitRootLogin=yes", "-o", "PidFile=none", "-o", "UsePAM=no",
+            "-o", "Subsystem=sftp internal-sftp", "-o", "MaxSessions=64", "-o", "MaxStartups=64"]
+    with open(d / "sshd.log", "w") as log:
+        proc = subprocess.Popen(argv, stderr=log)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"sshd did not start: {(d / 'sshd.log').read_text()}") from None
+                time.sleep(0.1)
+        known = d / "known_hosts"
+        known.write_text(f"[127.0.0.1]:{port} {host_pub}\n")
+        yield {"port": port, "dir": d, "known_hosts": str(known), "key": str(d / "client_key"), "proc": proc}
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -1,0 +1,83 @@
+"""One demo diagnosis spread over two hosts by real Prefect workers, recorded by one real MLflow tracking server.
+
+The hosts are `local` and the loopback sshd (tests/ssh), each server pinned to its own core and port, each host's
+arms run by its own `prefect worker` process on its own work queue. The same diagnosis run in order on one host
+gives the same verdict."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName, FlowRunFilter
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from infra import embedded
+from infra.browser import mlflow_server
+from infra.config import PROFILES_DIR
+from infra.stack import workers
+from tests.ssh.conftest import sshd  # noqa: F401  (the loopback host)
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def spread_profile(sshd, tmp_path: Path) -> str:  # noqa: F811
+    """The demo profile with two hosts, as a user writes one: each confines its servers to one core, on its own port."""
+    profile = yaml.safe_load((PROFILES_DIR / "demo.yaml").read_text())
+    profile["host"] = "local"  # pinned as below, also without --hosts
+    profile["hosts"] = {
+        "local": {"cpus": [0]},
+        "sshbox": {"kind": "ssh", "address": "127.0.0.1", "port": sshd["port"], "user": "root",
+                   "key_file": sshd["key"], "known_hosts": sshd["known_hosts"], "python": embedded.engine_python(),
+                   "server_port": 8012, "cpus": [1]}}
+    path = tmp_path / "twohosts.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return str(path)
+
+
+def diagnose(api: str, tracking: str, *args: str):
+    env = {**os.environ, "PREFECT_API_URL": api, "MLFLOW_TRACKING_URI": tracking, "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run([sys.executable, "flows/diagnose.py", *args], cwd=ROOT, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1200)
+    client = MlflowClient(tracking)
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    parent = max((r for r in runs if r.data.tags.get("specdiag.kind") == "diagnosis"), key=lambda r: r.info.start_time)
+    arms = {r.data.tags["specdiag.arm"]: r for r in runs
+            if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    return done, parent, arms
+
+
+def test_demo_diagnosis_spread_over_two_hosts_by_prefect_workers(prefect_server, sshd, tmp_path,  # noqa: F811
+                                                                  no_servers_left):
+    api, profile = PREFECT_API_URL.value(), spread_profile(sshd, tmp_path)
+    with mlflow_server(f"sqlite:///{tmp_path}/mlflow.db", artifacts=tmp_path / "artifacts") as tracking, \
+            workers(api, "specdiag", ["local", "sshbox"], tmp_path / "workers"):
+        done, parent, arms = diagnose(api, tracking, "--profile", profile, "--hosts", "local", "sshbox", "--fresh")
+        assert done.returncode == 0, done.stdout[-4000:]
+        alone, alone_parent, alone_arms = diagnose(api, tracking, "--profile", profile, "--fresh")
+        assert alone.returncode == 0, alone.stdout[-4000:]
+        artifacts = {n: {a.path for a in MlflowClient(tracking).list_artifacts(r.info.run_id)} for n, r in arms.items()}
+    assert set(arms) == set(alone_arms) == {"baseline", "smol-permuted", "smol-self"}
+    # every arm was measured by a worker, on both hosts, recorded through the one tracking server
+    hosts = {name: run.data.params["host"] for name, run in arms.items()}
+    assert set(hosts.values()) == {"local", "sshbox"}, hosts
+    assert {r.data.params["host"] for r in alone_arms.values()} == {"local"}
+    with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        flow_runs = client.read_flow_runs(deployment_filter=DeploymentFilter(
+            name=DeploymentFilterName(any_=["spread"])), flow_run_filter=FlowRunFilter())
+    assert sorted(r.state.type.value for r in flow_runs) == ["COMPLETED"] * 3
+    assert sorted(r.work_queue_name for r in flow_runs) == sorted(f"host-{h}" for h in hosts.values())
+    for name, run in arms.items():
+        core, port = (1, 8012) if hosts[name] == "sshbox" else (0, 8011)
+        assert f"taskset -c {core} " in run.data.params["server_cmd"] and f"--port {port}" in run.data.params["server_cmd"]
+        assert {"requests.csv", f"{name}.server.log"} <= artifacts[name]  # written by its worker through the server
+    # arms on the two hosts ran at the same time
+    spans = sorted((r.info.start_time, r.info.end_time, hosts[n]) for n, r in arms.items())
+    assert any(a[2] != b[2] and b[0] < a[1] for a, b in zip(spans, spans[1:])), spans
+    # the same verdict as the diagnosis in order on one host
+    assert parent.data.tags["specdiag.verdict"] == alone_parent.data.tags["specdiag.verdict"]
+    assert parent.data.tags["specdiag.verdict"] in done.stdout

@@ -1,0 +1,68 @@
+"""Arms spread over hosts (infra/spread.py): each next arm to the first free host, a host's own port and engine
+environment, and the refusals that name the missing service."""
+import threading
+import time
+
+import pytest
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from infra import spread
+from infra.arms import plan_arms, plan_server
+from infra.config import SpecdiagError, load_profile
+
+TWO_HOSTS = ["hosts.gpu1.kind=ssh", "hosts.gpu1.address=10.0.0.1", "hosts.gpu1.env={CUDA_MODULE_LOADING: LAZY}",
+             "hosts.gpu2.kind=ssh", "hosts.gpu2.address=10.0.0.2", "hosts.gpu2.server_port=8020", "hosts.gpu2.cpus=[2, 3]",
+             "engine.env={A: engine, CUDA_MODULE_LOADING: EAGER}", "spread.hosts=[gpu1, gpu2]"]
+
+
+def test_each_next_item_goes_to_the_first_free_host_and_no_host_runs_two_at_once():
+    busy, log, lock = set(), [], threading.Lock()
+
+    def run(item, host):
+        with lock:
+            assert host not in busy, f"{host} was given {item} while busy"
+            busy.add(host)
+            log.append((item, host, time.monotonic()))
+        time.sleep(item[1])
+        with lock:
+            busy.discard(host)
+        return f"{item[0]}@{host}"
+
+    items = [("baseline", 0.2), ("candidate", 1.0), ("control", 0.2), ("extra", 0.2)]
+    out = spread.dispatch(["a", "b"], items, run)
+    assert [o.split("@")[0] for o in out] == ["baseline", "candidate", "control", "extra"]  # the items' order
+    hosts = dict((name, host) for (name, _), host, _ in log)
+    assert hosts["baseline"] != hosts["candidate"]
+    # the long candidate holds its host: the next arms go to the other one, as it frees
+    assert hosts["control"] == hosts["extra"] == hosts["baseline"]
+    started = {name: t for (name, _), _, t in log}
+    assert started["extra"] - started["baseline"] < 0.9  # did not wait for the candidate
+
+
+def test_a_host_serves_with_its_own_port_and_engine_environment():
+    cfg = load_profile("demo", sets=TWO_HOSTS)
+    arm = plan_arms(cfg)[1]
+    one, two = cfg.on_host("gpu1"), cfg.on_host("gpu2")
+    assert (one.host.name, one.server_port, two.host.name, two.server_port) == ("gpu1", 8011, "gpu2", 8020)
+    assert one.engine_env["CUDA_MODULE_LOADING"] == "LAZY" and one.engine_env["A"] == "engine"
+    assert two.engine_env["CUDA_MODULE_LOADING"] == "EAGER"
+    plan = plan_server(two, arm, "/tmp/w")
+    assert plan.port == 8020 and "8020" in plan.argv and plan.env["CUDA_MODULE_LOADING"] == "EAGER"
+    assert plan.argv[:3] == ["taskset", "-c", "2,3"] and plan.env["VLLM_CPU_OMP_THREADS_BIND"] == "2,3"
+    assert plan_server(one, arm, "/tmp/w").argv[0] != "taskset"
+    assert cfg.host.name == "local"  # the profile's own host is unchanged
+
+
+def test_an_unknown_host_to_spread_over_is_a_clear_error():
+    with pytest.raises(SpecdiagError, match="unknown host 'gpu3'.*known hosts: gpu1, gpu2, local"):
+        load_profile("demo", sets=TWO_HOSTS[:-1] + ["spread.hosts=[gpu1, gpu3]"])
+
+
+def test_spreading_needs_a_prefect_server_and_a_tracking_server(prefect_server):
+    cfg = load_profile("demo", sets=TWO_HOSTS)
+    with temporary_settings({PREFECT_API_URL: None}), pytest.raises(SpecdiagError, match="prefect server start"):
+        spread.check(cfg, "http://127.0.0.1:5000")
+    with pytest.raises(SpecdiagError, match="mlflow server --backend-store-uri"):
+        spread.check(cfg, "sqlite:///mlflow.db")
+    with pytest.raises(SpecdiagError, match="prefect --no-prompt deploy --name spread"):
+        spread.check(cfg, "http://127.0.0.1:5000")
