@@ -141,7 +141,8 @@ def _arms(cfg, drafters, findings, offline, tracker, where, prompts, target) -> 
     if not runs:  # in order, the baseline first, in this thread: Ctrl-C reaches the arm's own teardown
         return [one(arm, cfg.host.name) for arm in drafters]
     try:
-        return spread.dispatch(list(on), drafters, one)
+        with tracker.interrupts(where[1], f"{', '.join(a.name for a in drafters)} (spread over {', '.join(on)})"):
+            return spread.dispatch(list(on), drafters, one)
     except BaseException:  # Ctrl-C, SIGTERM: each worker stops its arm, whose teardown stops the server
         runs.cancel()
         raise
