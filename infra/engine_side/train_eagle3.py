@@ -47,7 +47,18 @@ TEMPLATES = ["Explain {} to a ten-year-old.", "Write a short paragraph about {}.
              "Give me five tips related to {}.", "Write a short story that involves {}.",
              "How would you teach a beginner about {}?", "Summarize the history of {} in a few sentences.",
              "What are the pros and cons of {}?", "Describe {} in simple terms.",
-             "Write a friendly email to a colleague about {}."]
+             "Write a friendly email to a colleague about {}.",
+             # more of the ways people ask a chat assistant (the chat prompt set itself stays out of training)
+             "How does {} work?", "Describe a typical day for someone who works with {}.",
+             "Write a step-by-step guide for getting started with {}.", "What should I know before I learn about {}?",
+             "Explain the basics of {} to someone who has never heard of it.", "Write a polite note to a friend about {}.",
+             "Why do people care about {}?", "Compare {} with something from everyday life.",
+             "Write a short dialogue between two friends about {}.", "List the key ideas of {}, one sentence each.",
+             "What would the world be like without {}?", "Write a haiku about {}.",
+             "Give an example that illustrates {}.", "Write a short quiz with three questions about {}.",
+             "Explain {} as a teacher would in a classroom.", "What are the first steps to learn about {}?",
+             "Plan a one-week study schedule for {}.", "What questions do people often ask about {}?",
+             "What is the difference between {} and a related idea?", "What should I pack or prepare for {}?"]
 STEPS = 3  # chained draft steps trained (test-time training); vLLM serves k of them
 LAYERS = [2, 15, 27]  # vLLM's default aux layer ids for a 30-layer target: (2, N//2, N-3)
 
@@ -103,16 +114,20 @@ def build_data(target: str, n_prompts: int, max_new: int, n_self: int = 0, dtype
         random.Random(2).shuffle(prompts)
     encoded = [encode(tok, p, chat=True) for p in prompts]
     start = time.monotonic()
-    pairs = greedy(model, tok, encoded, max_new, batch=128 if DEVICE.type == "cuda" else 64)
+    pairs = greedy(model, tok, encoded, max_new, batch=512 if DEVICE.type == "cuda" else 64)
     log(f"greedy answers: {sum(len(g) for _, g in pairs)} tokens in {time.monotonic() - start:.0f} s")
     data = []
-    for prompt, gen in pairs:
-        ids = prompt + gen
+    step = 64 if DEVICE.type == "cuda" else 1  # right-padded batches: causal attention leaves real positions exact
+    for i in range(0, len(pairs), step):
+        seqs = [p + g for p, g in pairs[i:i + step]]
+        width = max(len(s) for s in seqs)
+        ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=DEVICE)
         with torch.inference_mode():
-            out = model(input_ids=torch.tensor([ids], device=DEVICE), output_hidden_states=True)
-        aux = torch.cat([out.hidden_states[k][0] for k in LAYERS], -1)
-        labels = out.logits[0].argmax(-1)  # the target's next token at every position
-        data.append((torch.tensor(ids, device=DEVICE), aux.to(torch.bfloat16), labels))
+            out = model(input_ids=ids, output_hidden_states=True)
+        for row, s in enumerate(seqs):
+            aux = torch.cat([out.hidden_states[k][row, :len(s)] for k in LAYERS], -1)
+            labels = out.logits[row, :len(s)].argmax(-1)  # the target's next token at every position
+            data.append((ids[row, :len(s)].clone(), aux.to(torch.bfloat16), labels))
     embed = model.get_input_embeddings().weight.detach().clone().float()
     return model, data, embed
 
