@@ -1,8 +1,10 @@
 """Cleanup stops a dead run's server only while its process group is still that server: a PID the system has
 given to another program since is left alone (real processes, real /proc and ps)."""
 import json
+import os
 import sys
 import time
+from pathlib import Path
 
 from infra import registry
 from infra.config import HostConfig
@@ -35,3 +37,27 @@ def test_a_recycled_process_group_is_left_alone_and_the_server_still_ours_is_sto
     finally:
         for p in (other, server):
             ex.stop_group(p.pgid, grace_s=1)
+
+
+def test_shm_leftovers_stay_while_another_server_runs_on_the_machine(tmp_path):
+    """Two servers on one machine (two hosts that are one box, disjoint GPU sets): a teardown must not remove the
+    other server's fresh semaphore, which nothing maps or opens until its engine process unpickles it."""
+    import subprocess
+
+    from infra import shm
+
+    ex, name = LocalExecutor(), f"sem.mp-specdiag-test-{os.getpid()}"
+    path = Path("/dev/shm") / name
+    try:
+        path.touch()
+        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)",
+                                  "vllm.entrypoints.openai.api_server"])  # what the check looks for
+        try:
+            time.sleep(0.3)
+            assert shm.remove_unused(ex, {name}) == [] and path.exists()
+        finally:
+            other.kill()
+            other.wait()
+        assert shm.remove_unused(ex, {name}) == [name] and not path.exists()  # alone: removed as before
+    finally:
+        path.unlink(missing_ok=True)
