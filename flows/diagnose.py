@@ -76,10 +76,13 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
         static = findings_markdown(findings)
         tracker.text(parent, static, "static_checks.md")
         laps.lap("setup_s")
-        offline = offline_eval(cfg, drafters, target, prompts[cfg.bench.warmup:], workdir, tracker, parent)
+        evaluating = offline_eval.submit(cfg, drafters, target, prompts[cfg.bench.warmup:], workdir, tracker, parent)
+        if cfg.host.kind == "local":  # here it shares the first server's cores; a remote host's CPUs are idle
+            evaluating.wait()        # while its GPUs load: there it runs beside the baseline's load
         laps.lap("offline_s")
         where = (experiment, parent)
-        results = _arms(cfg, drafters, findings, offline.metrics, tracker, where, prompts, target)
+        results = _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target)
+        offline = evaluating.result()
         laps.lap("arms_s")
         table = compare(tracker, parent, results)
         decision = verdict(tracker, parent, results, findings, offline)
@@ -123,9 +126,9 @@ def _hosts(cfg) -> dict:
     return {h: cfg.on_host(h) for h in cfg.spread.hosts} if cfg.spread.hosts else {cfg.host.name: cfg}
 
 
-def _arms(cfg, drafters, findings, offline, tracker, where, prompts, target) -> list[ArmResult]:
+def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target) -> list[ArmResult]:
     """Every arm, in order here on the profile's host, or by the workers of spread.hosts: each next arm to the
-    first free host."""
+    first free host. A drafter arm waits for the offline evaluation (its numbers go with it); the baseline does not."""
     on = _hosts(cfg)
     prints = {h: fingerprints(c, drafters, target, prompts) for h, c in on.items()}
     runs = spread.RemoteRuns(cfg.spread.deployment, cfg.spread.pool) if cfg.spread.hosts else None
@@ -134,7 +137,8 @@ def _arms(cfg, drafters, findings, offline, tracker, where, prompts, target) -> 
     def one(arm, host):
         blockers = [] if cfg.force else [f"{f.code}: {f.message}" for f in findings.get(arm.name, []) if f.gating]
         with tracker.interrupts(where[1], arm.name):
-            result = _measure(on[host], arm, tracker, where, prompts, offline.get(arm.name), results, blockers,
+            offline = evaluating.result().metrics.get(arm.name) if arm.spec else None
+            result = _measure(on[host], arm, tracker, where, prompts, offline, results, blockers,
                               prints[host].get(arm.name), runs, host)
         results.append(result)
         return result
