@@ -64,5 +64,7 @@ def test_spreading_needs_a_prefect_server_and_a_tracking_server(prefect_server):
         spread.check(cfg, "http://127.0.0.1:5000")
     with pytest.raises(SpecdiagError, match="mlflow server --backend-store-uri"):
         spread.check(cfg, "sqlite:///mlflow.db")
-    with pytest.raises(SpecdiagError, match="prefect --no-prompt deploy --name spread"):
+    # a name no test deploys: the session's Prefect server may hold arm/spread already (tests/e2e/test_spread.py)
+    cfg = load_profile("demo", sets=TWO_HOSTS + ["spread.deployment=arm/never-deployed"])
+    with pytest.raises(SpecdiagError, match="prefect --no-prompt deploy --name never-deployed"):
         spread.check(cfg, "http://127.0.0.1:5000")
