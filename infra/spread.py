@@ -58,15 +58,24 @@ def check(cfg: Profile, tracking_uri: str) -> None:
         except ObjectNotFound:
             raise SpecdiagError(f"no Prefect deployment {spread.deployment}: run `prefect --no-prompt deploy "
                                 f"--name {spread.deployment.split('/')[-1]}` in {PROJECT_ROOT}") from None
-        now = datetime.now(timezone.utc)
-        for host in spread.hosts:
+    silent = unpolled(spread.pool, spread.hosts)
+    if silent:
+        raise SpecdiagError(f"no worker serves host {silent[0]}: work queue {queue_name(silent[0])} of pool "
+                            f"{spread.pool} is not polled. Start one: {worker_command(spread.pool, silent[0])}")
+
+
+def unpolled(pool: str, hosts: list[str]) -> list[str]:
+    """The hosts whose queue no worker polled in the last WORKER_SILENT_S (or that have none)."""
+    now, out = datetime.now(timezone.utc), []
+    with get_client(sync_client=True) as client:
+        for host in hosts:
             try:
-                polled = client.read_work_queue_by_name(queue_name(host), work_pool_name=spread.pool).last_polled
+                polled = client.read_work_queue_by_name(queue_name(host), work_pool_name=pool).last_polled
             except ObjectNotFound:
                 polled = None
             if polled is None or (now - polled).total_seconds() > WORKER_SILENT_S:
-                raise SpecdiagError(f"no worker serves host {host}: work queue {queue_name(host)} of pool "
-                                    f"{spread.pool} is not polled. Start one: {worker_command(spread.pool, host)}")
+                out.append(host)
+    return out
 
 
 def dispatch(hosts: list[str], items: list[T], run: Callable[[T, str], R]) -> list[R]:

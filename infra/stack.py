@@ -12,11 +12,11 @@ import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-import httpx
+from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from infra.browser import free_port, wait_http
 from infra.config import PROJECT_ROOT, SpecdiagError
-from infra.spread import queue_name
+from infra.spread import queue_name, unpolled
 
 
 def _prefect(env: dict, *args: str) -> None:
@@ -75,16 +75,12 @@ def workers(api_url: str, pool: str, hosts: list[str], logs: Path, timeout_s: fl
                 [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--work-queue", queue_name(host),
                  "--limit", "1", "--name", f"specdiag-{host}"], env, logs / f"worker-{host}.log"))
         deadline = time.monotonic() + timeout_s
-        while not all(_polled(api_url, pool, queue_name(h)) for h in hosts):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"workers did not poll their queues in {timeout_s:.0f} s (see {logs})")
-            time.sleep(1)
+        with temporary_settings({PREFECT_API_URL: api_url}):
+            while unpolled(pool, hosts):  # as spread.check asks before a diagnosis
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"workers did not poll their queues in {timeout_s:.0f} s (see {logs})")
+                time.sleep(1)
         yield
-
-
-def _polled(api_url: str, pool: str, name: str) -> bool:
-    got = httpx.get(f"{api_url}/work_pools/{pool}/queues/{name}", timeout=10)
-    return got.status_code == 200 and got.json().get("last_polled") is not None
 
 
 SSHD = "/usr/sbin/sshd"

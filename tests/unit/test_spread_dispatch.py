@@ -68,3 +68,4 @@ def test_spreading_needs_a_prefect_server_and_a_tracking_server(prefect_server):
     cfg = load_profile("demo", sets=TWO_HOSTS + ["spread.deployment=arm/never-deployed"])
     with pytest.raises(SpecdiagError, match="prefect --no-prompt deploy --name never-deployed"):
         spread.check(cfg, "http://127.0.0.1:5000")
+    assert spread.unpolled("never-created-pool", ["gpu1", "gpu2"]) == ["gpu1", "gpu2"]  # no queue, no worker
