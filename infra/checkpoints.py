@@ -27,19 +27,21 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-
-import torch
+from typing import TYPE_CHECKING
 
 from infra.config import SpecdiagError
+
+if TYPE_CHECKING:
+    import torch
 
 # Every EAGLE-3 architecture vLLM 0.32's registry (model_executor/models/registry.py) knows.
 EAGLE3_ARCHS = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3MiniMaxM2ForCausalLM",
                 "Eagle3Qwen2_5vlForCausalLM", "Eagle3Qwen3vlForCausalLM", "Eagle3Qwen3ForCausalLM",
                 "Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM", "PEagleDraftModel",
                 "PeagleLlamaForCausalLM", "PeagleQwen3ForCausalLM"}
-ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
-             "I32": torch.int32, "I16": torch.int16, "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8,
-             "F64": torch.float64}
+# safetensors dtype -> torch's name (torch is imported where a tensor is read: a diagnosis's arms never need it)
+ST_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32", "I16": "int16",
+             "BOOL": "bool", "U8": "uint8", "I8": "int8", "F64": "float64"}
 
 
 class CannotCheck(SpecdiagError):
@@ -61,7 +63,8 @@ class TensorRef:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return ST_DTYPES[self.dtype] if self.dtype in ST_DTYPES else getattr(torch, self.dtype)
+        import torch
+        return getattr(torch, ST_DTYPES.get(self.dtype, self.dtype))
 
 
 @dataclass
@@ -178,11 +181,13 @@ def _bin(file: str) -> dict[str, torch.Tensor]:
 
 @functools.lru_cache(maxsize=2)
 def _bin_version(file: str, _mtime: int) -> dict[str, torch.Tensor]:
+    import torch
     return torch.load(file, map_location="cpu", mmap=True, weights_only=True)
 
 
 def read_tensor(fs, ref: TensorRef) -> torch.Tensor:
     """A whole tensor (only for small ones: d2t, t2d, norms)."""
+    import torch
     if ref.offset is None:
         return _bin(ref.file)[ref.key].clone()
     count = 1
@@ -198,6 +203,7 @@ def read_tensor(fs, ref: TensorRef) -> torch.Tensor:
 
 def read_rows(fs, ref: TensorRef, rows: list[int]) -> torch.Tensor:
     """Rows of a 2-D tensor (sampled vocabulary rows of an lm_head or embedding), reading only those bytes."""
+    import torch
     if ref.offset is None:
         return _bin(ref.file)[ref.key][torch.tensor(rows)].float()
     width = ref.shape[1]
@@ -357,6 +363,7 @@ def read_drafter(fs, path: str, method: str | None = None) -> DrafterSpec:
 
 def mapping(fs, d: DrafterSpec) -> torch.Tensor | None:
     """Draft id -> target id (i + d2t[i], int64), or None when the head has no d2t."""
+    import torch
     ref = d.tensors.get("d2t")
     if ref is None:
         return None

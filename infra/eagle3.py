@@ -1,15 +1,13 @@
 """Derived EAGLE-3 checkpoints: the candidate head with the control's vocabulary mapping (control_mapping probe)."""
 from pathlib import Path
 
-from safetensors.torch import save_file
-
 
 def with_mapping(candidate: Path, control: Path) -> Path:
     """The candidate head with the control's d2t/t2d: the control_mapping probe's checkpoint (cached by content)."""
     import hashlib
     import shutil
 
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file, save_file
 
     from infra.config import SpecdiagError
     from infra.embedded import cache_dir

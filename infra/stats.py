@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
+from scipy.special import stdtrit  # the t distribution's quantile (scipy.stats costs 0.4 s more to import)
 
 
 def wilson(successes: float, n: float, z: float = 1.96) -> tuple[float, float]:
@@ -20,8 +20,8 @@ def mean_interval(values: list[float]) -> tuple[float, float, float]:
     v = np.asarray(values, dtype=float)
     if v.size < 2:
         return (float(v.mean()) if v.size else 0.0,) * 3
-    lo, hi = stats.t.interval(0.95, v.size - 1, loc=v.mean(), scale=stats.sem(v) or 1e-12)
-    return float(v.mean()), float(lo), float(hi)
+    half = stdtrit(v.size - 1, 0.975) * (v.std(ddof=1) / np.sqrt(v.size) or 1e-12)
+    return float(v.mean()), float(v.mean() - half), float(v.mean() + half)
 
 
 def ratio_interval(num: list[float], den: list[float]) -> tuple[float, float, float] | None:
@@ -36,5 +36,5 @@ def ratio_interval(num: list[float], den: list[float]) -> tuple[float, float, fl
     r = a.sum() / d.sum()
     resid = a - r * d
     se = np.sqrt(d.size / (d.size - 1) * np.sum(resid ** 2)) / d.sum()
-    half = stats.t.ppf(0.975, d.size - 1) * se
+    half = stdtrit(d.size - 1, 0.975) * se
     return float(r), max(0.0, float(r - half)), min(1.0, float(r + half))

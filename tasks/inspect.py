@@ -9,14 +9,16 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from prefect import task
 
 from infra.checkpoints import EAGLE3_ARCHS, CannotCheck, DrafterSpec, TargetSpec, mapping, read_drafter, read_rows, \
     read_target, read_tensor
 from infra.config import SpecdiagError
+
+if TYPE_CHECKING:
+    import torch
 
 Severity = Literal["error", "warning", "info"]
 # Findings that make a load pointless: the engine refuses the checkpoint, or serves drafts it cannot map.
@@ -74,6 +76,7 @@ def check_eagle3(fs, d: DrafterSpec, t: TargetSpec) -> list[Finding]:
 def check_mapping(fs, d: DrafterSpec, t: TargetSpec) -> list[Finding]:
     """d2t validity (what vLLM does with it: target id = i + d2t[i], scattered by index, any order), then whether the
     mapped ids are the right ones: the head's output rows against the target's at those ids."""
+    import torch
     draft_vocab, vocab = d.draft_vocab_size or t.vocab_size, t.vocab_size
     ids = mapping(fs, d)
     if draft_vocab == vocab:
@@ -105,6 +108,7 @@ def check_mapping(fs, d: DrafterSpec, t: TargetSpec) -> list[Finding]:
 def row_agreement(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, float, float]:
     """Rows of two tables meant to stand for the same tokens, in any two spaces -> per-row agreement (the correlation
     of each row's cosine similarities to the other rows, in one table and in the other) and each table's structure."""
+    import torch
     def sims(x: torch.Tensor) -> tuple[torch.Tensor, float]:
         x = x.float()  # centred: the direction all rows share (output embeddings are anisotropic) says nothing of
         x = torch.nn.functional.normalize(x - x.mean(0), dim=1)  # which token is which
@@ -120,6 +124,7 @@ def row_agreement(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, float
 def mapping_agreement(fs, d: DrafterSpec, t: TargetSpec, ids: torch.Tensor) -> Finding:
     """Evidence that holds for any d2t order: a trained head's lm_head row for draft token i behaves like the target's
     output row for token i + d2t[i] (the same tokens are near each other in both). Reads SAMPLE rows of each."""
+    import torch
     lm_head, target_rows = d.tensors.get("lm_head.weight"), t.output_rows()
     if lm_head is None or target_rows is None:
         return Finding("info", "mapping_unjudged", "no lm_head or target output rows to compare: the offline "
@@ -159,6 +164,7 @@ def _tokenizer_digest(fs, path: str) -> str | None:
 
 def embedding_neighbour_overlap(draft: torch.Tensor, target: torch.Tensor, sample: int = 256, k: int = 10) -> float:
     """Mean overlap of each sampled token's k nearest neighbours in both embedding tables (1.0 = same geometry)."""
+    import torch
     n = min(draft.shape[0], target.shape[0])
     ids = torch.randperm(n, generator=torch.Generator().manual_seed(0))[:sample]
 
