@@ -170,7 +170,8 @@ def validate_inputs(profile: Profile, arms: list[Arm]) -> None:
         python = profile.engine_python
         if python and "/" in python and not _exists(ex, python):
             raise SpecdiagError(f"engine python {python} does not exist {where} (engine.python or hosts.<name>.python)")
-        _check_port(ex, profile.server_port, where)
+        _check_port(ex, profile.server_port, where, f"--set hosts.{profile.host.name}.server_port=PORT"
+                    if profile.host.server_port else "--port")
         _check_extra(ex, python if python or profile.host.kind != "local" else embedded.engine_python(), arms, where)
     finally:
         ex.close()
@@ -198,13 +199,15 @@ def _exists(ex, path: str) -> bool:
     return ex.run(["test", "-e", path], 30).returncode == 0
 
 
-def _check_port(ex, port: int, where: str) -> None:
+def _check_port(ex, port: int, where: str, flag: str) -> None:
+    """flag: how to pick another port for this host (the host's own server_port, where it sets one, wins over
+    --port)."""
     if ex.port_free(port):
         return
     ours = [e for e in registry.launched(ex.host) if e.get("port") == port]
     if not ours:
         raise SpecdiagError(f"port {port} is already in use {where} by a program specdiag did not start: stop it "
-                            f"(`fuser {port}/tcp` shows it) or pick another port with --port")
+                            f"(`fuser {port}/tcp` shows it) or pick another port with {flag}")
     live = [e for e in ours if registry.owner_alive(e)]
     print(f"port {port} {where} is held by " + (
         f"the server of another diagnosis (pid {live[0]['owner_pid']}): this one queues behind it" if live

@@ -138,14 +138,14 @@ class BenchConfig(_Strict):
     # After the measured window, the same prompts again at each of these concurrencies, on the same server
     # (metrics <name>_c<N> and concurrency_sweep.csv); not used by the verdict.
     concurrency_sweep: list[int] = Field(default_factory=list)
-    # Early stop: end the measured window once acceptance and tok/s are known to the precision the verdict needs
-    # (num_prompts is then the cap), or a budget is spent.
-    early_stop: bool = False
+    # Early stop (the default; --fixed turns it off): end the measured window once acceptance and tok/s are known
+    # to the precision the verdict needs (num_prompts is then the cap), or a budget is spent.
+    early_stop: bool = True
     acceptance_half_width: float = Field(default=0.05, gt=0)  # Wilson, n = drafts
     tok_s_rel_half_width: float = Field(default=0.10, gt=0)  # t-interval half-width / mean, per-request tok/s
     min_requests: int = Field(default=3, ge=2)
-    max_output_tokens: int | None = Field(default=None, ge=1)  # token budget for the measured window
-    max_bench_s: float | None = Field(default=None, gt=0)  # time budget for the measured window
+    max_output_tokens: int | None = Field(default=None, ge=1)  # token budget for the measured window (--budget-tokens)
+    max_bench_s: float | None = Field(default=None, gt=0)  # time budget for the measured window (--budget-s)
 
 
 class ReuseConfig(_Strict):
@@ -207,6 +207,8 @@ class Profile(_Strict):
             if h.name != name:
                 self.hosts[name] = h.model_copy(update={"name": name})
         self.hosts.setdefault("local", HostConfig())
+        if "host" not in self.model_fields_set:  # unnamed: this machine, as the inventory's "local" describes it
+            self.host = "local"
         for name in ([self.host] if isinstance(self.host, str) else []) + self.spread.hosts:
             if name not in self.hosts:
                 raise ValueError(f"unknown host {name!r}; known hosts: {', '.join(sorted(self.hosts))}")

@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def spread_profile(sshd, tmp_path: Path) -> str:  # noqa: F811
-    """The demo profile with two hosts, as a user writes one: each confines its servers to one core, on its own port."""
+    """The demo profile with two hosts, as a user writes one: each confines its servers to one core, on its own port.
+    Without --hosts the diagnosis runs on `local` as described here (pinned to core 0): no `host:` needed."""
     profile = yaml.safe_load((PROFILES_DIR / "demo.yaml").read_text())
-    profile["host"] = "local"  # pinned as below, also without --hosts
     profile["hosts"] = {
         "local": {"cpus": [0]},
         "sshbox": {"kind": "ssh", "address": "127.0.0.1", "port": sshd["port"], "user": "root",

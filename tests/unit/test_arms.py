@@ -62,6 +62,10 @@ def test_port_in_use_is_refused_before_launch():
         p = load_profile("demo", {"target.port": s.getsockname()[1]})
         with pytest.raises(SpecdiagError, match="already in use .* specdiag did not start.*--port"):
             validate_inputs(p, plan_arms(p))
+        # a host with its own server_port: --port would not change it, the host's setting does
+        own = load_profile("demo", sets=[f"hosts.local.server_port={s.getsockname()[1]}"])
+        with pytest.raises(SpecdiagError, match=r"pick another port with --set hosts.local.server_port=PORT\Z"):
+            validate_inputs(own, plan_arms(own))
 
 
 def test_port_held_by_another_diagnosis_queues_instead(tmp_path, monkeypatch, capsys):
