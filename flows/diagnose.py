@@ -81,13 +81,14 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
             evaluating.wait()        # while its GPUs load: there it runs beside the baseline's load
         laps.lap("offline_s")
         where = (experiment, parent)
-        results = _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target)
+        runs = spread.RemoteRuns(cfg.spread.deployment, cfg.spread.pool) if cfg.spread.hosts else None
+        results = _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, runs)
         offline = evaluating.result()
         laps.lap("arms_s")
         table = compare(tracker, parent, results)
         decision = verdict(tracker, parent, results, findings, offline)
         if cfg.confirm:
-            decision, table = _confirmed(cfg, decision, drafters, results, tracker, where, prompts)
+            decision, table = _confirmed(cfg, decision, drafters, results, tracker, where, prompts, runs)
         tracker.note(parent, decision.markdown() + "\n\n## Arms\n\n" + comparison_markdown(table))
         report(tracker, parent, experiment, results, decision, static, plots(tracker, parent, results), title)
         tracker.metrics(parent, laps.lap("finish_s"))
@@ -126,12 +127,12 @@ def _hosts(cfg) -> dict:
     return {h: cfg.on_host(h) for h in cfg.spread.hosts} if cfg.spread.hosts else {cfg.host.name: cfg}
 
 
-def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target) -> list[ArmResult]:
-    """Every arm, in order here on the profile's host, or by the workers of spread.hosts: each next arm to the
-    first free host. A drafter arm waits for the offline evaluation (its numbers go with it); the baseline does not."""
+def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, runs) -> list[ArmResult]:
+    """Every arm, in order here on the profile's host, or by the workers of spread.hosts (runs: their flow runs):
+    each next arm to the first free host. A drafter arm waits for the offline evaluation (its numbers go with it);
+    the baseline does not."""
     on = _hosts(cfg)
     prints = {h: fingerprints(c, drafters, target, prompts) for h, c in on.items()}
-    runs = spread.RemoteRuns(cfg.spread.deployment, cfg.spread.pool) if cfg.spread.hosts else None
     results: list[ArmResult] = []  # as they end: a later arm's early stop compares with the baseline's tok/s
 
     def one(arm, host):
@@ -167,13 +168,16 @@ def _measure(cfg, arm, tracker, where, prompts, offline, results, blockers, fing
     return remote_arm(runs, host, params) if runs else run_arm(**params)
 
 
-def _confirmed(cfg, decision, drafters, results, tracker, where, prompts):
-    """--confirm: the verdict's fix served as one more arm (none where the evidence already is the intervention)."""
+def _confirmed(cfg, decision, drafters, results, tracker, where, prompts, runs=None):
+    """--confirm: the verdict's fix served as one more arm (none where the evidence already is the intervention),
+    on the profile's host or, spread, by the first host's worker (every arm has ended: all hosts are free)."""
     parent = where[1]
     arm, why = fix_arm(cfg, decision, drafters)
     if arm:
+        host, on = next(iter(_hosts(cfg).items()))
         with tracker.interrupts(parent, arm.name):
-            results.append(_measure(cfg, resolved_drafters([arm])[0], tracker, where, prompts, None, results, [], None))
+            results.append(_measure(on, resolved_drafters([arm])[0], tracker, where, prompts, None, results, [], None,
+                                    runs, host))
     return confirm(tracker, parent, decision, results, why), compare(tracker, parent, results)
 
 

@@ -116,12 +116,16 @@ class RemoteRuns:
                 while not (flow_run := client.read_flow_run(flow_run.id)).state.is_final():
                     time.sleep(POLL_S)
             return flow_run
+        except BaseException:  # Ctrl-C while this thread waits (a --confirm arm): its worker stops it too
+            self.cancel({flow_run.id})
+            raise
         finally:
             with self._lock:
                 self.live.discard(flow_run.id)
 
-    def cancel(self) -> None:
-        """Every arm still running: its worker stops the flow run, whose teardown stops its server."""
+    def cancel(self, which: set | None = None) -> None:
+        """Every arm still running (or those of `which`): its worker stops the flow run, whose teardown stops its
+        server."""
         with self._lock, get_client(sync_client=True) as client:
-            for run_id in self.live:
+            for run_id in self.live if which is None else self.live & which:
                 client.set_flow_run_state(run_id, Cancelling(message="the diagnosis was interrupted"), force=True)

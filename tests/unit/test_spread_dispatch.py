@@ -69,3 +69,27 @@ def test_spreading_needs_a_prefect_server_and_a_tracking_server(prefect_server):
     with pytest.raises(SpecdiagError, match="prefect --no-prompt deploy --name never-deployed"):
         spread.check(cfg, "http://127.0.0.1:5000")
     assert spread.unpolled("never-created-pool", ["gpu1", "gpu2"]) == ["gpu1", "gpu2"]  # no queue, no worker
+
+
+def test_a_confirm_arm_of_a_spread_diagnosis_goes_to_a_spread_hosts_worker(monkeypatch, tmp_path):
+    """--confirm with --hosts: the fix arm is measured by a spread host's worker with that host's settings, not in
+    the diagnosing process on the profile's own host (which, on a GPU fleet, may have no GPU)."""
+    import flows.diagnose as d
+    from tasks.record import ArmResult
+    from tasks.verdict import Verdict
+
+    cfg = load_profile("demo", {"drafter": "ngram", "confirm": True}, TWO_HOSTS + ["host=local"])
+    measured = []
+    monkeypatch.setattr(d, "_measure", lambda on, arm, *a: measured.append((on, arm, a)) or
+                        ArmResult(arm.name, arm.role, "run-fix", True))
+    monkeypatch.setattr(d, "confirm", lambda tracker, parent, v, results, why: v)
+    monkeypatch.setattr(d, "compare", lambda tracker, parent, results: None)
+    runs = spread.RemoteRuns(cfg.spread.deployment, cfg.spread.pool)
+    from infra.tracking import Tracker
+
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    d._confirmed(cfg, Verdict("draft_overhead", fix={"num_speculative_tokens": 2}), plan_arms(cfg), [], tracker,
+                 ("exp", "parent"), ["p"], runs)
+    (on, arm, rest), = measured
+    assert arm.role == "confirm" and arm.spec.num_speculative_tokens == 2
+    assert on.host.name == "gpu1" and rest[-2:] == (runs, "gpu1")  # by gpu1's worker, as gpu1 serves
