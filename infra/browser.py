@@ -43,27 +43,38 @@ def wait_http(url: str, proc: subprocess.Popen, timeout_s: float, what: str) -> 
         time.sleep(0.5)
 
 
+def stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+@contextmanager
+def service(argv: list[str], log: Path, env: dict | None = None, cwd: Path | None = None):
+    """A long-running program in its own session, its output in LOG; stopped (TERM, then KILL) when the block ends."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            yield proc
+        finally:
+            stop(proc)
+
+
 @contextmanager
 def mlflow_server(store_uri: str, timeout_s: float = 120, artifacts: Path | None = None):
     """`mlflow server` on the store, on a free local port; yields its URL. Artifacts where its experiments say, and
     those of experiments its clients create in ARTIFACTS (it serves them: clients elsewhere write through it)."""
     port = free_port()
-    log = open(Path(store_uri.removeprefix("sqlite:///")).with_suffix(".server.log"), "w")
+    log = Path(store_uri.removeprefix("sqlite:///")).with_suffix(".server.log")
     served = ["--artifacts-destination", str(artifacts)] if artifacts else []
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store_uri, *served,
-                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{url}/health", proc, timeout_s, f"mlflow server (see {log.name})")
+    with service([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store_uri, *served,
+                  "--host", "127.0.0.1", "--port", str(port), "--workers", "1"], log) as proc:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/health", proc, timeout_s, f"mlflow server (see {log})")
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def _run(args: list[str], timeout_s: float) -> subprocess.CompletedProcess:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from infra.browser import free_port, wait_http
+from infra.browser import free_port, service, stop, wait_http
 from infra.config import PROJECT_ROOT, SpecdiagError
 from infra.spread import queue_name, unpolled
 
@@ -26,26 +26,6 @@ def _prefect(env: dict, *args: str) -> None:
         raise RuntimeError(f"prefect {' '.join(args)} failed: {(done.stdout + done.stderr)[-2000:]}")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-
-
-@contextmanager
-def _process(argv: list[str], env: dict, log: Path):
-    with open(log, "w") as out:
-        proc = subprocess.Popen(argv, env=env, cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            yield proc
-        finally:
-            _stop(proc)
-
-
 @contextmanager
 def prefect_server(home: Path, timeout_s: float = 180):
     """`prefect server start` with its own PREFECT_HOME (database), on a free local port; yields its API URL."""
@@ -54,7 +34,7 @@ def prefect_server(home: Path, timeout_s: float = 180):
     env.pop("PREFECT_API_URL", None)
     home.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
-    with _process(argv, env, home / "server.log") as proc:
+    with service(argv, home / "server.log", env, PROJECT_ROOT) as proc:
         url = f"http://127.0.0.1:{port}/api"
         wait_http(f"{url}/health", proc, timeout_s, f"prefect server (see {home / 'server.log'})")
         yield url
@@ -71,9 +51,9 @@ def workers(api_url: str, pool: str, hosts: list[str], logs: Path, timeout_s: fl
     with ExitStack() as stack:
         for host in hosts:
             _prefect(env, "work-queue", "create", queue_name(host), "--pool", pool)  # a worker does not create it
-            stack.enter_context(_process(
+            stack.enter_context(service(
                 [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--work-queue", queue_name(host),
-                 "--limit", "1", "--name", f"specdiag-{host}"], env, logs / f"worker-{host}.log"))
+                 "--limit", "1", "--name", f"specdiag-{host}"], logs / f"worker-{host}.log", env, PROJECT_ROOT))
         deadline = time.monotonic() + timeout_s
         with temporary_settings({PREFECT_API_URL: api_url}):
             while unpolled(pool, hosts):  # as spread.check asks before a diagnosis
@@ -122,5 +102,4 @@ def loopback_sshd(d: Path, timeout_s: float = 15):
         known.write_text(f"[127.0.0.1]:{port} {host_pub}\n")
         yield {"port": port, "dir": d, "known_hosts": str(known), "key": str(d / "client_key"), "proc": proc}
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop(proc, 10)
