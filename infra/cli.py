@@ -35,7 +35,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts", nargs="+", metavar="HOST", help="spread the arms over these hosts of the inventory, "
                    "one arm per host at a time, through Prefect workers (spread.hosts; see the README)")
     p.add_argument("--prompt-set", metavar="NAME|PATH", help="chat, math, code, long, or a JSONL / ShareGPT file")
-    p.add_argument("--early-stop", action="store_true", help="end each arm once its numbers are precise enough")
+    p.add_argument("--fixed", action="store_true", help="measure every prompt of --prompts in every arm; by default "
+                   "an arm ends once its numbers settle what the verdict asks of it, --prompts being the cap")
+    p.add_argument("--budget-tokens", type=int, metavar="N", help="end each arm's window after N output tokens, "
+                   "settled or not (bench.max_output_tokens)")
+    p.add_argument("--budget-s", type=float, metavar="S", help="end each arm's window after S seconds, settled or "
+                   "not (bench.max_bench_s)")
     p.add_argument("--confirm", action="store_true", help="run the fix the verdict implies as one more arm and say "
                    "whether it helps (confirmed / not confirmed)")
     p.add_argument("--fresh", action="store_true", help="measure every arm, even where MLflow holds an arm with the "
@@ -64,7 +69,8 @@ def overrides(args: argparse.Namespace) -> dict:
            "bench.num_prompts": args.prompts, "bench.max_tokens": args.max_tokens,
            "bench.concurrency": args.concurrency, "target.port": args.port, "probes": args.probes,
            "host": args.host, "spread.hosts": args.hosts, "bench.prompts": args.prompt_set,
-           "bench.early_stop": args.early_stop or None,
+           "bench.early_stop": False if args.fixed else None, "bench.max_output_tokens": args.budget_tokens,
+           "bench.max_bench_s": args.budget_s,
            "force": args.force or None, "confirm": args.confirm or None,
            "reuse.enabled": False if args.fresh else None, "reuse.max_age_h": args.max_age,
            "offline.hidden_states": args.hidden_states}

@@ -213,7 +213,10 @@ def benchmark(base_url: str, cfg: BenchConfig, prompts: list[str],
         exc.result = BenchResult(sorted(records, key=lambda r: r.index), time.perf_counter() - start)
         raise
     if result.stop_reason:
-        print(f"early stop after {len(result.records)} of {len(prompts)} requests: {result.stop_reason}")
+        print(f"[{arm}] early stop after {len(result.records)} of {len(prompts)} requests: {result.stop_reason}")
+    elif cfg.early_stop:
+        print(f"[{arm}] all {len(prompts)} prompts measured before its numbers settled (the cap, --prompts): the "
+              f"verdict names any interval left too wide")
     failed = [r for r in result.records if not r.ok]
     if failed:
         raise BenchmarkFailed(result, f"{len(failed)} of {len(result.records)} requests failed; "

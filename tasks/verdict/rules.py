@@ -20,7 +20,8 @@ from tasks.record import ArmResult
 from tasks.speedup import k_sweep, speed_models
 from tasks.verdict.evidence import (CONTROL_GOOD, HEALTHY, INTEGRATION_RATIO, MIN_CONTROL_DRAFTS, MIN_DRAFTS,
                                     NARROW, NEAR_ZERO, PROBE_RATIO, VOCAB_CODES, Verdict, acceptance_interval,
-                                    differs, fmt, fmt_offline, offline_interval, probe_line)
+                                    decision_thresholds, differs, fmt, fmt_offline, offline_interval, probe_line)
+from tasks.verdict.settle import next_step, settle, width
 
 
 @dataclass
@@ -92,8 +93,9 @@ def thin_evidence(c: Case) -> Verdict | None:
     if MIN_CONTROL_DRAFTS <= n < MIN_DRAFTS and lo >= HEALTHY:
         return Verdict("healthy", c.evidence + [f"the whole interval lies above {HEALTHY}, even over few drafts"])
     if n < MIN_DRAFTS:
-        return Verdict("inconclusive", c.evidence + [f"fewer than {MIN_DRAFTS} drafts: the interval is too wide"],
-                       "rerun with more prompts or tokens (--prompts, --max-tokens)")
+        line, prompts = settle(c.cand.arm, c.m, decision_thresholds("candidate", c.m), at_least=MIN_DRAFTS)
+        return Verdict("inconclusive", c.evidence + [f"fewer than {MIN_DRAFTS} drafts: the interval is too wide",
+                                                     line], next_step([prompts]))
     c.evidence += [f"static check: {f.line()}" for f in c.vocab_errors]
 
 
@@ -307,6 +309,10 @@ def control_usable(c: Case) -> Verdict | None:
     if ctrl is None or not ctrl.ok or ctrl.metrics.get("num_drafts", 0) < MIN_CONTROL_DRAFTS:
         why = "no control arm" if ctrl is None else (f"control failed: {ctrl.error.splitlines()[0]}" if not ctrl.ok
                                                      else "control has too few drafts")
+        if ctrl is not None and ctrl.ok:
+            line, prompts = settle(ctrl.arm, ctrl.metrics, decision_thresholds("control"),
+                                   at_least=MIN_CONTROL_DRAFTS)
+            return Verdict("inconclusive", c.evidence + [why, line], next_step([prompts]))
         return Verdict("inconclusive", c.evidence + [why], "add a known-good control drafter (--control) and rerun")
     c.evidence.append(fmt(ctrl.arm, ctrl.metrics) + " (control)")
 
@@ -319,8 +325,9 @@ def versus_control(c: Case) -> Verdict | None:
     if hi >= c_lo:
         if max(hi - lo, c_hi - c_lo) < NARROW:
             return Verdict("healthy", c.evidence + ["candidate acceptance matches the control's"])
-        return Verdict("inconclusive", c.evidence + ["candidate and control intervals overlap and are wide"],
-                       "rerun with more prompts (--prompts) to narrow the intervals")
+        wide = [settle(r.arm, r.metrics, half_width=NARROW / 2) for r in (c.cand, c.ctrl) if width(r.metrics) >= NARROW]
+        return Verdict("inconclusive", c.evidence + ["candidate and control intervals overlap and are wide"] +
+                       [line for line, _ in wide], next_step([p for _, p in wide]))
 
 
 def vocab_below_control(c: Case) -> Verdict | None:

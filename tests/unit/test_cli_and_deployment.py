@@ -76,14 +76,17 @@ def test_prefect_yaml_finds_the_checkout_whether_specdiag_home_is_set_at_deploy_
     assert Path.cwd() == checkout and out is not None
 
 
-def test_probe_host_prompt_set_and_early_stop_flags_reach_the_profile():
+def test_probe_host_prompt_set_and_budget_flags_reach_the_profile():
     from flows.diagnose import prepare
     from infra.cli import overrides, parser
 
     args = parser().parse_args(["--drafter", "smol-eagle3", "--probe", "raw_prompts", "--probe", "k_sweep",
-                                "--prompt-set", "math", "--early-stop"])
+                                "--prompt-set", "math", "--budget-tokens", "500", "--budget-s", "30"])
     cfg, arms, prompts = prepare("demo", overrides(args), [])
     assert cfg.probes == ["raw_prompts", "k_sweep"] and cfg.bench.prompts == "math" and cfg.bench.early_stop
+    assert (cfg.bench.max_output_tokens, cfg.bench.max_bench_s) == (500, 30.0)
+    fixed, _, _ = prepare("demo", overrides(parser().parse_args(["--fixed"])), [])
+    assert not fixed.bench.early_stop and fixed.bench.num_prompts == cfg.bench.num_prompts
     assert "smol-eagle3@raw" in [a.name for a in arms]
 
 

@@ -261,3 +261,43 @@ def test_every_cause_a_rule_can_name_is_a_row_of_the_readmes_verdict_table():
     assert named >= {"healthy", "integration", "training_quality", "vocab_mismatch", "aux_layers", "draft_overhead"}
     assert named <= rows, named - rows
     assert [r.__name__ for r in rules.RULES][-1] == "training_quality"  # the last rule always decides
+
+
+def _paced(result, requests, seconds_per_request=2.0, ready_s=25.0):
+    """An arm's window as the benchmark records it: requests, its duration, its server load."""
+    result.metrics.update(requests_ok=float(requests), bench_duration_s=requests * seconds_per_request,
+                          server_ready_s=ready_s)
+    return result
+
+
+def _scaled(result, prompts):
+    """The same arm measured over `prompts` requests at the same pace and rate."""
+    m = result.metrics
+    per = m["num_drafts"] / m["requests_ok"]
+    return arm(result.arm, result.role, m["acceptance_rate"], drafts=round(per * prompts))
+
+
+@pytest.mark.parametrize("cand, ctrl", [
+    (_paced(arm("cand", "candidate", 0.20, drafts=20), 2), _paced(arm("ctl", "control", 0.95), 8)),  # thin
+    (_paced(arm("cand", "candidate", 0.45, drafts=45), 3), _paced(arm("ctl", "control", 0.55, drafts=60), 4)),  # overlap
+    (_paced(arm("cand", "candidate", 0.30), 8), _paced(arm("ctl", "control", 0.90, drafts=6), 1)),  # thin control
+])
+def test_an_undecided_verdict_names_the_wide_interval_and_the_prompts_that_settle_it(cand, ctrl):
+    v = decide([BASE, cand, ctrl], {})
+    assert v.cause == "inconclusive"
+    costs = [e for e in v.evidence if "settling it costs" in e]
+    assert costs and all("more requests" in e and "server load (25 s here)" in e for e in costs), v.evidence
+    assert "[" in costs[0] and "too wide" in costs[0]
+    prompts = int(v.next_step.split("--prompts ")[1].split()[0])
+    # measured at that many prompts, the same rates are decided, and fewer would not always have been
+    settled = decide([BASE, _scaled(cand, prompts), _scaled(ctrl, prompts)], {})
+    assert settled.cause != "inconclusive", settled.evidence
+    assert prompts > min(cand.metrics["requests_ok"], ctrl.metrics["requests_ok"])
+
+
+def test_a_rate_on_the_threshold_itself_is_said_to_be_unsettleable():
+    from tasks.verdict.settle import drafts_needed, settle
+
+    assert drafts_needed(0.6, 40, clear_of=(0.6,), most=1e5) is None
+    line, prompts = settle("cand", {"acceptance_rate": 0.6, "num_drafts": 40.0, "requests_ok": 4.0}, (0.6,))
+    assert prompts is None and "no budget settles it" in line

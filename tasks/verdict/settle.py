@@ -1,0 +1,67 @@
+"""What it would cost to settle an interval the verdict found too wide: the drafts that would narrow the arm's
+acceptance interval enough, at the rate it measured, as requests and seconds at its own pace plus the server load a
+new measurement of it takes. Where the window ran to its cap or budget undecided, the verdict names the interval and
+this cost instead of a bare "rerun with more prompts".
+
+Drafts within a request are correlated: where the interval over requests is wider than Wilson's over drafts, the
+drafts needed grow by that design effect (the squared ratio of the widths).
+"""
+from __future__ import annotations
+
+import math
+
+from infra.stats import wilson
+from tasks.verdict.evidence import acceptance_interval
+
+
+def drafts_needed(rate: float, drafts: float, clear_of: tuple[float, ...] = (), half_width: float | None = None,
+                  most: float = 1e6) -> float | None:
+    """The fewest drafts (at least `drafts`) at which the Wilson interval at `rate` lies clear of every threshold in
+    `clear_of` or is at most `half_width` wide each side; None when no number up to `most` does (a rate on the
+    threshold itself)."""
+    n = max(drafts, 1.0)
+    while n <= most:
+        lo, hi = wilson(rate * n, n)
+        if (half_width and (hi - lo) / 2 <= half_width) or (clear_of and not any(lo <= t <= hi for t in clear_of)):
+            return n
+        n = math.ceil(n * 1.1)
+    return None
+
+
+def width(m: dict[str, float]) -> float:
+    lo, hi = acceptance_interval(m)
+    return hi - lo
+
+
+def next_step(prompts: list[int | None]) -> str:
+    """The command that would settle every interval named: the most prompts any of them needs."""
+    if any(p == 0 for p in prompts):
+        return "rerun with more prompts or tokens (--prompts, --max-tokens)"
+    known = [p for p in prompts if p]
+    return f"rerun with --prompts {max(known)} (or a budget that allows it)" if known else \
+        "judge it against a control run beside it: more of the same measurement cannot settle it"
+
+
+def settle(arm: str, m: dict[str, float], clear_of: tuple[float, ...] = (), half_width: float | None = None,
+           at_least: float = 0.0) -> tuple[str, int | None]:
+    """(an evidence line naming the arm's interval and what settling it costs, the prompts per arm that would: 0 where
+    the arm's pace is not known, None where no number would)."""
+    drafts, rate, ok = m.get("num_drafts", 0.0), m.get("acceptance_rate", 0.0), m.get("requests_ok", 0.0)
+    lo, hi = acceptance_interval(m)
+    wanted = " and ".join(filter(None, [f"clear of {', '.join(f'{t:g}' for t in clear_of)}" if clear_of else "",
+                                        f"within +-{half_width:g}" if half_width else ""]))
+    line = f"{arm}: acceptance [{lo:.3f}-{hi:.3f}] over {drafts:.0f} drafts in {ok:.0f} requests is too wide " \
+           f"(it needs to lie {wanted})"
+    need = drafts_needed(rate, drafts, clear_of, half_width)
+    if need is None:
+        return line + ": its rate sits on the threshold, and no budget settles it", None
+    w_lo, w_hi = wilson(rate * drafts, drafts)
+    inflate = ((hi - lo) / (w_hi - w_lo)) ** 2 if w_hi > w_lo and hi - lo > w_hi - w_lo else 1.0
+    need = max(need * inflate, at_least)
+    if not drafts or not ok:  # no pace to convert drafts into requests
+        return f"{line}; settling it takes about {need - drafts:.0f} more drafts", 0
+    extra = max(1, math.ceil((need - drafts) / (drafts / ok)))
+    seconds = extra * m.get("bench_duration_s", 0.0) / ok
+    cost = f"about {need - drafts:.0f} more drafts: {extra} more requests, ~{seconds:.0f} s of benchmark at its " \
+           f"pace plus a server load ({m.get('server_ready_s', 0.0):.0f} s here)"
+    return f"{line}; settling it costs {cost}", int(ok + extra)
