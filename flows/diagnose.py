@@ -12,6 +12,10 @@ if __package__ in (None, ""):  # run as `python flows/diagnose.py`
 # The ephemeral Prefect server migrates its database on first start: slow on 2 cores.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+PROCESS_START = None  # run as a program: when it started (the flow's first lap, startup_s, counts from there)
+if __name__ == "__main__":  # Prefect's temporary server boots while the rest imports and the inputs are checked
+    from infra.prefect_boot import early_server
+    PROCESS_START, PREFECT_SERVER = time.monotonic(), early_server()
 
 from prefect import flow  # noqa: E402
 from prefect.exceptions import TerminationSignal  # noqa: E402
@@ -61,7 +65,7 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
         sets: profile fields to override, each KEY=VALUE with a dotted key, e.g. bench.max_tokens=64,
             bench.num_prompts=8, host=gpu-box, probes=[k_sweep]
     """
-    laps = Laps()
+    laps = Laps(PROCESS_START)  # startup_s: imports, input checks and Prefect's start, where this is the program
     cfg, plan, prompts = prepare(profile, {"drafter": drafter, "control": control, "arms": arms}, sets)
     tracker = Tracker()
     experiment = tracker.experiment(cfg.name)
@@ -93,7 +97,7 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
         report(tracker, parent, experiment, results, decision, static, plots(tracker, parent, results), title)
         tracker.metrics(parent, laps.lap("finish_s"))
     print("\n" + table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(f"\nwall time {laps['diagnosis_wall_s']:.0f} s in the flow ({laps.line()}); per arm: " + ", ".join(
+    print(f"\nwall time {laps['diagnosis_wall_s']:.0f} s ({laps.line()}); per arm: " + ", ".join(
         f"{r.arm} reused" if r.reused_from else f"{r.arm} {r.metrics.get('server_ready_s', 0):.0f} s ready + "
         f"{r.metrics.get('bench_s', 0):.0f} s bench + {r.metrics.get('overhead_s', 0):.0f} s other" for r in results))
     for r in results:
@@ -109,9 +113,11 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
 class Laps(dict):
     """Seconds spent between marks, by name, and diagnosis_wall_s: where a diagnosis's time goes outside its arms."""
 
-    def __init__(self):
+    def __init__(self, process_start: float | None = None):
         super().__init__()
-        self._start = self._mark = time.monotonic()
+        self._start = self._mark = process_start or time.monotonic()
+        if process_start:
+            self.lap("startup_s")
 
     def lap(self, name: str) -> "Laps":
         now = time.monotonic()
@@ -181,7 +187,9 @@ def _confirmed(cfg, decision, drafters, results, tracker, where, prompts, runs=N
     return confirm(tracker, parent, decision, results, why), compare(tracker, parent, results)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, early=None) -> int:
+    """early: Prefect's temporary server, booting since the program started (infra/prefect_boot.py); stopped at
+    exit, after Prefect's own exit hooks, or at once on bad input."""
     from infra.cli import overrides, parser
 
     args = parser().parse_args(argv)
@@ -193,13 +201,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.rerun:  # the recorded profile and prompt texts, every arm measured again
             args.profile, again = rerun_inputs(Tracker(), args.rerun, PROJECT_ROOT / "runs" / f"rerun-{args.rerun}")
             args.sets = again + args.sets
-        cfg, _, _ = prepare(args.profile, over, args.sets)  # fail fast, before Prefect starts
+        cfg, _, _ = prepare(args.profile, over, args.sets)  # fail fast, before a flow runs
     except SpecdiagError as exc:
         print(f"specdiag: error: {exc}", file=sys.stderr)
+        if early:
+            early.stop()
         return 2
     sets = args.sets + [f"{k}={json.dumps(v)}" for k, v in over.items()
                         if v is not None and k not in ("drafter", "control", "arms")]
     signal.signal(signal.SIGTERM, _terminated)  # SIGTERM ends like Ctrl-C (Prefect re-raises it here after its own)
+    if early:
+        early.serve()
     try:
         # checked by prepare() already, and a profile of the user's own may name drafters the form's choices lack
         results = diagnose.with_options(validate_parameters=False)(args.profile, cfg.drafter, cfg.control,
@@ -221,4 +233,4 @@ def _terminated(signum, _frame):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(early=PREFECT_SERVER))

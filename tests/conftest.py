@@ -51,9 +51,12 @@ def cli(prefect_server, mlflow_uri):
     session's server, as a user with a persistent Prefect server has it; it saves booting one per command)."""
     from prefect.settings import PREFECT_API_URL
 
-    def run(*args: str, timeout: float = 1500) -> Diagnosis:
+    def run(*args: str, timeout: float = 1500, prefect_api: bool = True) -> Diagnosis:
+        """prefect_api=False: no Prefect server configured, as on a fresh machine (the program boots its own)."""
         env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri, "PREFECT_API_URL": PREFECT_API_URL.value(),
                "PYTHONUNBUFFERED": "1"}
+        if not prefect_api:
+            env.pop("PREFECT_API_URL")
         proc = subprocess.run([sys.executable, "flows/diagnose.py", *args], cwd=ROOT, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
         client = MlflowClient(mlflow_uri)

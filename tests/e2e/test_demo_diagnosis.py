@@ -1,4 +1,5 @@
-"""The demo diagnosis on the real vLLM CPU engine: baseline, smol-permuted candidate, smol-self control."""
+"""The demo diagnosis on the real vLLM CPU engine, every default: baseline, smol-permuted candidate, smol-self control
+(vocab_mismatch); then a follow-up with the under-trained smol-noisy (training_quality) on one server load."""
 import os
 import subprocess
 import sys
@@ -33,7 +34,7 @@ def test_demo_diagnosis_records_every_arm(cli, mlflow_uri, no_servers_left):
     note = parent.data.tags["mlflow.note.content"]
     assert note.startswith("# Verdict: `vocab_mismatch`") and "| smol-permuted | candidate | ok |" in note
     assert client.get_experiment(parent.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
-    laps = {k: parent.data.metrics[f"sys/{k}"] for k in ("setup_s", "offline_s", "arms_s", "finish_s")}
+    laps = {k: parent.data.metrics[f"sys/{k}"] for k in ("startup_s", "setup_s", "offline_s", "arms_s", "finish_s")}
     assert sum(laps.values()) == pytest.approx(parent.data.metrics["sys/diagnosis_wall_s"], rel=1e-6), laps
     assert {r.info.run_name for r in arms.values()} == {"baseline", "candidate: smol-permuted", "control: smol-self"}
     assert [arms[a].data.tags["mlflow.runColor"] for a in ("baseline", "smol-permuted", "smol-self")] == [
@@ -65,6 +66,12 @@ def test_demo_diagnosis_records_every_arm(cli, mlflow_uri, no_servers_left):
     assert bad.data.metrics["acceptance_rate"] < 0.1
     assert good.data.metrics["mean_acceptance_length"] > 4.0
     assert good.data.params["drafter_path"] != bad.data.params["drafter_path"]
+    # decisive by default: every arm ended once its numbers settled what the verdict asks of it, before the cap of 15
+    # prompts. The control accepts everything: 30 drafts put its interval clear of the verdict's thresholds (a broken
+    # mid-window counter read would leave the control no way to stop; the tok/s rule does not apply to it)
+    for run in arms.values():
+        assert run.data.metrics["sys/early_stopped"] == 1.0 and run.data.metrics["sys/requests_ok"] < 15, run.info
+    assert "acceptance" in good.data.tags["specdiag.early_stop"] and good.data.metrics["sys/requests_ok"] < 8
     # the engine's own log lines agree with the counters
     assert good.data.metrics["sys/log_acceptance_rate"] > 0.9 and bad.data.metrics["sys/log_acceptance_rate"] < 0.1
     # the default host.workdir: the servers' logs stay in the project's runs/<diagnosis id>/, as a user finds them
@@ -140,3 +147,7 @@ def _follow_up_reuses_the_baseline_and_the_control(cli, first):
     assert "now" in next(ln for ln in again.output.splitlines() if ln.split()[:1] == ["smol-noisy"])
     assert "speedup_paired" in again.arms["smol-noisy"].data.metrics  # paired with the reused baseline's requests
     assert "smol-self: acceptance" in again.artifact_text(again.parent, "verdict.md")
+    # an under-trained drafter against the known-good control, tuned to land clearly between the permuted fault (~0)
+    # and the control (~1): training_quality
+    assert 0.2 < again.arms["smol-noisy"].data.metrics["acceptance_rate"] < 0.8
+    assert again.parent.data.tags["specdiag.verdict"] == "training_quality"

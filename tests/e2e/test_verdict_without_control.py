@@ -7,8 +7,20 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
+def _prefect_servers() -> list[str]:
+    import subprocess
+
+    found = subprocess.run(["pgrep", "-f", "prefect.server.api.server:create_app"], capture_output=True, text=True)
+    return found.stdout.split()
+
+
 def test_drafter_that_never_drafts_is_named_spec_disabled(cli, no_servers_left):
-    done = cli("--drafter", "ngram-never", "--no-control")
+    before = _prefect_servers()
+    # as on a fresh machine: no Prefect server configured, the program boots Prefect's temporary server as its first
+    # act (beside its imports and input checks) and stops it at the end
+    done = cli("--drafter", "ngram-never", "--no-control", prefect_api=False)
+    assert done.returncode == 0, done.output[-3000:]
+    assert _prefect_servers() == before and "sys/startup_s" in done.parent.data.metrics
     cand = done.arms["ngram-never"].data
     assert cand.metrics["num_drafts"] == 0 and cand.metrics["sys/output_tokens"] > 0
     assert done.parent.data.tags["specdiag.verdict"] == "spec_disabled"
@@ -42,7 +54,8 @@ def test_self_drafting_is_draft_overhead_and_a_short_context_drafter_is_context_
     assert m["acceptance_rate"] > 0.9 and m["tokens_per_step"] > 4.5
     assert m["draft_cost"] > 0.3 and {f"predicted_speedup_k{k}" for k in (1, 2, 3, 4)} <= set(m)
     # each request's own counts (--per-request-spec-decode-metrics) add up to the server's counters
-    assert m["spec_requests"] == 8 and m["acceptance_rate_req"] == pytest.approx(m["acceptance_rate"], abs=0.02)
+    assert m["spec_requests"] == m["sys/requests_ok"] >= 3
+    assert m["acceptance_rate_req"] == pytest.approx(m["acceptance_rate"], abs=0.02)
     assert done.parent.data.tags["specdiag.verdict"] == "draft_overhead"
     verdict = done.artifact_text(done.parent, "verdict.md")  # written again by --confirm
     assert "tokens per step at k=4" in verdict and "the measured speedup is" in verdict

@@ -1,0 +1,74 @@
+"""Prefect's temporary server, started off the critical path. When no Prefect server is configured, a flow starts
+Prefect's temporary server itself (SubprocessASGIServer), after every import and input check, and waits for it. Run
+as a program, flows/diagnose.py starts the same server (the same uvicorn command, the same environment) as its
+first act instead, before importing anything heavy, so that it boots on another core while the program imports and
+checks its inputs; it is then the process's Prefect API (PREFECT_API_URL) to the end, Prefect's exit hooks included,
+and stopped after them. A server configured in Prefect's profile wins: the early one is stopped unused. Bad input
+stops it at once."""
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+class EarlyServer:
+    def __init__(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        app_dir = Path(importlib.util.find_spec("prefect").origin).parents[1]  # as SubprocessASGIServer runs it
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--app-dir", str(app_dir), "--factory",
+             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+             "--log-level", "error", "--lifespan", "on"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)  # not stopped by the terminal's Ctrl-C: the flow's teardown still reports to it
+        atexit.register(self.stop)  # registered before Prefect's own hooks, so it runs after them
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def serve(self, timeout_s: float = 120) -> None:
+        """This server as the Prefect API for the rest of the process (Prefect's exit hooks included), unless
+        Prefect's profile configures one: then that one, and this one stopped."""
+        import httpx
+        from prefect.context import refresh_global_settings_context
+        from prefect.settings import PREFECT_API_URL
+
+        if PREFECT_API_URL.value():
+            return self.stop()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if httpx.get(f"{self.api_url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:  # Prefect's own start says why
+                return self.stop()
+            time.sleep(0.1)
+        os.environ["PREFECT_API_URL"] = self.api_url
+        refresh_global_settings_context()  # Prefect reads its settings at import: this makes it read them again
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def early_server() -> EarlyServer | None:
+    """The server booting from now, unless the environment names one (PREFECT_API_URL) or turns it off."""
+    if os.environ.get("PREFECT_API_URL") or os.environ.get("PREFECT_SERVER_EPHEMERAL_ENABLED", "").lower() == "false":
+        return None
+    return EarlyServer()
