@@ -4,6 +4,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as `python flows/diagnose.py`
@@ -138,6 +139,7 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
     each next arm to the first free host. A drafter arm waits for the offline evaluation (its numbers go with it);
     the baseline does not."""
     on = _hosts(cfg)
+    drafters = [_whole_window(a, findings) for a in drafters]
     prints = {h: fingerprints(c, drafters, target, prompts) for h, c in on.items()}
     results: list[ArmResult] = []  # as they end: a later arm's early stop compares with the baseline's tok/s
 
@@ -157,6 +159,14 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
     except BaseException:  # Ctrl-C, SIGTERM: each worker stops its arm, whose teardown stops the server
         runs.cancel()
         raise
+
+
+def _whole_window(arm, findings):
+    """An arm served past its drafter's declared positions (static check position_limit) measures its whole cap: the
+    early stop does not know the context_limit rule's question (acceptance before vs past that position)."""
+    if any(f.code == "position_limit" for f in findings.get(arm.name, [])):
+        return replace(arm, bench=tuple(dict(arm.bench, early_stop=False).items()))
+    return arm
 
 
 def _measure(cfg, arm, tracker, where, prompts, offline, results, blockers, fingerprint, runs=None, host=""):
