@@ -29,7 +29,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(url: str, proc: subprocess.Popen, timeout_s: float, what: str) -> None:
+def wait_http(url: str, proc: subprocess.Popen, timeout_s: float, what: str, every_s: float = 0.5) -> None:
     """Until URL answers 200; the process ending or the time running out first is an error naming WHAT."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -40,7 +40,7 @@ def wait_http(url: str, proc: subprocess.Popen, timeout_s: float, what: str) -> 
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"{what} did not start in {timeout_s:.0f} s")
-        time.sleep(0.5)
+        time.sleep(every_s)
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 30) -> None:

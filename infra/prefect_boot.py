@@ -13,7 +13,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 
@@ -38,33 +37,25 @@ class EarlyServer:
     def serve(self, timeout_s: float = 120) -> None:
         """This server as the Prefect API for the rest of the process (Prefect's exit hooks included), unless
         Prefect's profile configures one: then that one, and this one stopped."""
-        import httpx
         from prefect.context import refresh_global_settings_context
         from prefect.settings import PREFECT_API_URL
 
+        from infra.browser import wait_http
+
         if PREFECT_API_URL.value():
             return self.stop()
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                if httpx.get(f"{self.api_url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:  # Prefect's own start says why
-                return self.stop()
-            time.sleep(0.1)
+        try:
+            wait_http(f"{self.api_url}/health", self.proc, timeout_s, "Prefect's temporary server", every_s=0.1)
+        except RuntimeError:  # Prefect's own start says why
+            return self.stop()
         os.environ["PREFECT_API_URL"] = self.api_url
         refresh_global_settings_context()  # Prefect reads its settings at import: this makes it read them again
 
     def stop(self) -> None:
+        from infra.browser import stop  # imported here: this module is imported before anything heavy
+
         if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+            stop(self.proc, 10)
 
 
 def early_server() -> EarlyServer | None:
