@@ -201,6 +201,22 @@ def read_tensor(fs, ref: TensorRef) -> torch.Tensor:
         torch.empty(ref.shape, dtype=ref.torch_dtype)
 
 
+NP_FLOATS = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}  # safetensors float dtypes numpy reads (bf16 as its bits)
+
+
+def read_block(fs, ref: TensorRef, start: int, count: int):
+    """Rows start..start+count of a 2-D float tensor as a float32 numpy array, in one read of a safetensors file:
+    numpy only (the static checks of a draft model need no torch), and one request over SSH."""
+    import numpy as np
+    if ref.offset is None or ref.dtype not in NP_FLOATS:
+        return read_rows(fs, ref, list(range(start, start + count))).numpy()
+    width, item = ref.shape[1], np.dtype(NP_FLOATS[ref.dtype]).itemsize
+    with fs.open(ref.file) as f:
+        f.seek(ref.offset + start * width * item)
+        raw = np.frombuffer(f.read(count * width * item), dtype=NP_FLOATS[ref.dtype]).reshape(-1, width)
+    return (raw.astype(np.uint32) << 16).view(np.float32) if ref.dtype == "BF16" else raw.astype(np.float32)
+
+
 def read_rows(fs, ref: TensorRef, rows: list[int]) -> torch.Tensor:
     """Rows of a 2-D tensor (sampled vocabulary rows of an lm_head or embedding), reading only those bytes."""
     import torch

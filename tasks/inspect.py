@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Literal
 
 from prefect import task
 
-from infra.checkpoints import EAGLE3_ARCHS, CannotCheck, DrafterSpec, TargetSpec, mapping, read_drafter, read_rows, \
-    read_target, read_tensor
+from infra.checkpoints import EAGLE3_ARCHS, CannotCheck, DrafterSpec, TargetSpec, mapping, read_block, read_drafter, \
+    read_rows, read_target, read_tensor
 from infra.config import SpecdiagError
 
 if TYPE_CHECKING:
@@ -154,40 +154,68 @@ def mapping_agreement(fs, d: DrafterSpec, t: TargetSpec, ids: torch.Tensor) -> F
                    f"(median {median:.2f}, {share:.0%} below chance level, {n} sampled)")
 
 
-def _tokenizer_digest(fs, path: str) -> str | None:
+def _tokenizer_vocab(fs, path: str) -> bytes | None:
     try:
-        vocab = json.loads(fs.read_bytes(f"{path}/tokenizer.json")).get("model", {}).get("vocab")
-    except (FileNotFoundError, OSError, ValueError):
+        return fs.read_bytes(f"{path}/tokenizer.json")
+    except (FileNotFoundError, OSError):
+        return None
+
+
+def _vocab_digest(raw: bytes) -> str | None:
+    try:
+        vocab = json.loads(raw).get("model", {}).get("vocab")
+    except ValueError:
         return None
     return hashlib.sha256(json.dumps(vocab, sort_keys=True).encode()).hexdigest() if vocab else None
 
 
-def embedding_neighbour_overlap(draft: torch.Tensor, target: torch.Tensor, sample: int = 256, k: int = 10) -> float:
-    """Mean overlap of each sampled token's k nearest neighbours in both embedding tables (1.0 = same geometry)."""
-    import torch
-    n = min(draft.shape[0], target.shape[0])
-    ids = torch.randperm(n, generator=torch.Generator().manual_seed(0))[:sample]
+def tokenizers_differ(fs, draft: str, target: str) -> bool:
+    """The two tokenizer.json vocabularies differ (the same file bytes: no parse, the usual case)."""
+    a, b = _tokenizer_vocab(fs, draft), _tokenizer_vocab(fs, target)
+    if not a or not b or a == b:
+        return False
+    d_tok, t_tok = _vocab_digest(a), _vocab_digest(b)
+    return bool(d_tok and t_tok and d_tok != t_tok)
 
-    def neighbours(table: torch.Tensor) -> torch.Tensor:
-        t = torch.nn.functional.normalize(table[:n].float(), dim=1)
+
+def embedding_neighbour_overlap(draft, target, sample: int = 256, k: int = 10) -> float:
+    """Mean overlap of each sampled token's k nearest neighbours in both embedding tables, the same rows of each
+    (1.0 = same geometry; rows of other tokens, as after a permutation, share almost none)."""
+    import numpy as np
+    draft, target = np.asarray(draft, dtype=np.float32), np.asarray(target, dtype=np.float32)
+    n = min(len(draft), len(target))
+    ids = np.random.default_rng(0).permutation(n)[:sample]
+
+    def neighbours(table):
+        t = table[:n] / np.maximum(np.linalg.norm(table[:n], axis=1, keepdims=True), 1e-12)
         sims = t[ids] @ t.T
-        sims[torch.arange(len(ids)), ids] = -2.0  # not itself
-        return sims.topk(k, dim=1).indices
+        sims[np.arange(len(ids)), ids] = -2.0  # not itself
+        return np.argpartition(-sims, k, axis=1)[:, :k]
 
     a, b = neighbours(draft), neighbours(target)
     return float(sum(len(set(x.tolist()) & set(y.tolist())) for x, y in zip(a, b)) / (len(ids) * k))
+
+
+EMBED_ROWS = 8192  # the block of token ids whose neighbourhoods are compared: one read each, a second of numpy
+
+
+def embedding_block(fs, d_ref, t_ref) -> tuple:
+    """The same EMBED_ROWS rows of both embedding tables, from the middle of the vocabulary (past the special and
+    byte tokens at its start)."""
+    n = min(d_ref.shape[0], t_ref.shape[0])
+    start, count = max(0, n // 2 - EMBED_ROWS // 2), min(n, EMBED_ROWS)
+    return read_block(fs, d_ref, start, count), read_block(fs, t_ref, start, count)
 
 
 def check_draft_model(fs, d: DrafterSpec, t: TargetSpec) -> list[Finding]:
     out = []
     if d.vocab_size != t.vocab_size:
         out.append(Finding("error", "vocab_size", f"draft model vocab {d.vocab_size} != target's {t.vocab_size}"))
-    d_tok, t_tok = _tokenizer_digest(fs, d.path), _tokenizer_digest(fs, t.path)
-    if d_tok and t_tok and d_tok != t_tok:
+    if tokenizers_differ(fs, d.path, t.path):
         out.append(Finding("error", "tokenizer", "draft model's tokenizer vocabulary differs from the target's"))
     emb, t_emb = d.tensors.get("embed_tokens.weight"), t.tensors.get("embed_tokens.weight")
     if emb is not None and t_emb is not None:
-        overlap = embedding_neighbour_overlap(read_tensor(fs, emb), read_tensor(fs, t_emb))
+        overlap = embedding_neighbour_overlap(*embedding_block(fs, emb, t_emb))
         if overlap < 0.2:
             out.append(Finding("error", "embedding_mismatch", f"token neighbourhoods agree {overlap:.0%} with the "
                                f"target's: the draft model's embedding rows do not match the target's token ids "

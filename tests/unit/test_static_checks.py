@@ -109,3 +109,19 @@ def test_a_draft_model_in_hugging_face_layout_is_checked_for_its_token_ids(tmp_p
     bad = inspect_drafter.fn(str(F.draft_model(tmp_path / "bad", F.LLAMA, permuted=True)), None, target)
     assert _codes(good, "info") == {"embedding"} and not _codes(good)
     assert _codes(bad) == {"embedding_mismatch"}
+
+
+def test_a_tokenizer_with_other_ids_is_named_and_a_reformatted_one_is_not(tmp_path):
+    from infra.executor import LocalExecutor
+    from tasks.inspect import tokenizers_differ
+
+    vocab = {"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}}}
+    for name, tok in {"t": vocab, "same": vocab, "other": {"model": {"type": "BPE", "vocab": {"a": 1, "b": 0, "ab": 2}}},
+                      "spaced": {"model": {"vocab": {"ab": 2, "b": 1, "a": 0}, "type": "BPE"}, "added_tokens": []}}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tokenizer.json").write_text(json.dumps(tok, indent=2 if name == "spaced" else None))
+    fs = LocalExecutor()
+    assert not tokenizers_differ(fs, str(tmp_path / "same"), str(tmp_path / "t"))
+    assert not tokenizers_differ(fs, str(tmp_path / "spaced"), str(tmp_path / "t"))  # other bytes, same ids
+    assert tokenizers_differ(fs, str(tmp_path / "other"), str(tmp_path / "t"))
+    assert not tokenizers_differ(fs, str(tmp_path / "none"), str(tmp_path / "t"))  # nothing to compare
