@@ -86,7 +86,9 @@ def _gone(pgid: int) -> bool:
 
 
 def test_ctrl_c_stops_the_server_and_the_queued_diagnosis_then_runs(start, no_servers_left):
-    first = start("first", *ARGS)
+    # The first's baseline measures all of 12 longer answers: it is still in that arm when the second, starting on a
+    # busy machine, reaches the host lock (with ARGS' 2 short ones it had moved on to the next arm in one CI run).
+    first = start("first", *ARGS, "--fixed", "--prompts", "12", "--max-tokens", "64")
     server = _server_of(first.proc.pid)
     second = start("second", *ARGS)  # the host is taken by the first's server: it must queue, not fail
     _until(lambda: "Beginning subflow run 'arm-baseline'" in second.output(), "the second to reach the host lock")
