@@ -82,8 +82,9 @@ def self_instruct(model, tok, n: int, batch: int = 256) -> list[str]:
     dataset, in the target's own words, with none of the benchmark's prompts."""
     rng = random.Random(1)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    out, seen = [], set()
-    while len(out) < n:
+    out, seen, tries = [], set(), 0
+    while len(out) < n and tries < 4 * n // batch + 8:  # bounded: a target that repeats itself ends it early
+        tries += 1
         chunk = [encode(tok, rng.choice(ASK).format(rng.choice(SUBJECTS)), chat=True) for _ in range(batch)]
         width = max(len(c) for c in chunk)
         ids = torch.tensor([[pad] * (width - len(c)) + c for c in chunk], device=DEVICE)
@@ -153,7 +154,9 @@ def draft_vocab(data, size: int, vocab: int) -> torch.Tensor:
     return torch.sort(torch.topk(counts, size).indices).values
 
 
-def init_drafter(model, embed, ids_kept: torch.Tensor) -> Eagle3:
+def init_drafter(model, embed, ids_kept: torch.Tensor, intermediate: int = 0) -> Eagle3:
+    """intermediate: the head's MLP width (0: the target's); a wider MLP starts as the target's last layer's, its
+    extra units adding nothing until trained."""
     tcfg = model.config.to_dict()
     cfg = {k: tcfg[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                                  "rms_norm_eps", "max_position_embeddings", "vocab_size", "head_dim",
@@ -163,6 +166,7 @@ def init_drafter(model, embed, ids_kept: torch.Tensor) -> Eagle3:
                 "eagle_aux_hidden_state_layer_ids": LAYERS, "tie_word_embeddings": False,
                 "rope_parameters": tcfg.get("rope_parameters") or {"rope_theta": tcfg.get("rope_theta", 10000.0),
                                                                    "rope_type": "default"}})
+    cfg["intermediate_size"] = intermediate or cfg["intermediate_size"]
     d = Eagle3(cfg, embed.float()).to(DEVICE)
     ids_kept = ids_kept.to(DEVICE)
     h = cfg["hidden_size"]
@@ -174,8 +178,11 @@ def init_drafter(model, embed, ids_kept: torch.Tensor) -> Eagle3:
             w = getattr(last.self_attn, name).weight
             getattr(d.midlayer.self_attn, name).weight.copy_(torch.cat([0.1 * w, w], 1))
         d.midlayer.self_attn.o_proj.weight.copy_(last.self_attn.o_proj.weight)
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            getattr(d.midlayer.mlp, name).weight.copy_(getattr(last.mlp, name).weight)
+        m = last.mlp.down_proj.weight.shape[1]
+        for name in ("gate_proj", "up_proj"):
+            getattr(d.midlayer.mlp, name).weight[:m].copy_(getattr(last.mlp, name).weight)
+        d.midlayer.mlp.down_proj.weight.zero_()
+        d.midlayer.mlp.down_proj.weight[:, :m].copy_(last.mlp.down_proj.weight)
         d.midlayer.input_layernorm.weight.copy_(last.input_layernorm.weight)
         d.midlayer.hidden_norm.weight.copy_(last.input_layernorm.weight)
         d.midlayer.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight)
@@ -269,6 +276,7 @@ def main() -> None:
     ap.add_argument("--self-instruct", type=int, default=0, help="add N prompts the target writes itself")
     ap.add_argument("--data-dtype", choices=["float32", "bfloat16"], default="float32",
                     help="the target's dtype for the data (bfloat16: as the demo server runs it)")
+    ap.add_argument("--intermediate", type=int, default=0, help="the head's MLP width (default: the target's)")
     ap.add_argument("--pack", type=int, default=0, help="join sequences up to N positions per training step")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -287,7 +295,7 @@ def main() -> None:
         data = data + torch.load(extra, map_location=DEVICE)[0]
     log(f"data: {len(data)} sequences, {sum(len(i) for i, _, _ in data)} positions")
     kept = draft_vocab(data, args.draft_vocab, embed.shape[0])
-    d = init_drafter(model, embed, kept)
+    d = init_drafter(model, embed, kept, args.intermediate)
     acc = train(d, data, args.epochs, embed.shape[0], start + args.deadline_s, args.pack)
     save(d, args.out, {"val_accuracy_per_step": acc, "sequences": len(data), "epochs": args.epochs,
                        "device": torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu",
