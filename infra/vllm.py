@@ -44,10 +44,23 @@ def server_env(env: dict[str, str]) -> dict[str, str]:
 
 # vLLM parses --speculative-config into its own pydantic dataclass (extra keys forbidden), but only once the server
 # starts. These are the engine's own field rules, run by the host's engine Python on a drafter's 'extra' keys before
-# any server starts: a typo costs seconds, not a load. Output: one JSON line, arm -> its errors.
+# any server starts: a typo costs seconds, not a load. Importing vLLM's config takes seconds on a small host, so the
+# answer is kept there (~/.cache/specdiag/extra-checks), keyed by the engine (its Python, version and the installed
+# speculative config's file) and the question. Output: one JSON line, arm -> its errors.
 _CHECK_EXTRA = r"""
-import dataclasses, difflib, json, sys
+import dataclasses, difflib, hashlib, importlib.util, json, os, sys
+from importlib.metadata import version
 from typing import Annotated
+asked, cache = sys.argv[1], None
+try:
+    src = os.path.join(os.path.dirname(importlib.util.find_spec("vllm").origin), "config", "speculative.py")
+    engine = f"{sys.executable}\0{version('vllm')}\0{os.stat(src).st_mtime_ns}\0{asked}"
+    cache = os.path.expanduser(f"~/.cache/specdiag/extra-checks/{hashlib.sha256(engine.encode()).hexdigest()}.json")
+    with open(cache) as f:
+        print("SPECDIAG_EXTRA " + f.read())
+    sys.exit(0)
+except (OSError, ValueError, AttributeError, ImportError):
+    pass
 try:
     from vllm.config.speculative import SpeculativeConfig
 except ImportError:
@@ -56,7 +69,7 @@ import pydantic
 fields = getattr(SpeculativeConfig, "__pydantic_fields__", None)
 names = sorted(fields) if fields is not None else sorted(f.name for f in dataclasses.fields(SpeculativeConfig))
 out = {}
-for arm, extra in json.loads(sys.argv[1]).items():
+for arm, extra in json.loads(asked).items():
     for key, value in extra.items():
         if key not in names:
             near = difflib.get_close_matches(key, names, 3)
@@ -67,12 +80,31 @@ for arm, extra in json.loads(sys.argv[1]).items():
                 pydantic.TypeAdapter(Annotated[(f.annotation, *f.metadata)]).validate_python(value)
             except pydantic.ValidationError as exc:
                 out.setdefault(arm, []).append(f"{key}={value!r}: {exc.errors()[0]['msg']}")
+if cache:
+    try:
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        with open(cache + ".tmp", "w") as f:
+            json.dump(out, f)
+        os.replace(cache + ".tmp", cache)
+    except OSError:
+        pass
 print("SPECDIAG_EXTRA " + json.dumps(out))
 """
 
 
+_CHECKED: dict[tuple, dict[str, list[str]]] = {}  # one engine start per question in a process (inputs are checked twice)
+
+
 def check_extra_settings(ex, python: str, extras: dict[str, dict]) -> dict[str, list[str]]:
-    """Per arm, what the engine on this host would refuse in its drafter's extra speculative settings."""
+    """Per arm, what the engine on this host would refuse in its drafter's extra speculative settings (the engine's
+    Python imports vLLM to answer: seconds, so asked once per host, engine and settings)."""
+    key = (ex.host, python, json.dumps(extras, sort_keys=True))
+    if key not in _CHECKED:
+        _CHECKED[key] = _ask_engine(ex, python, extras)
+    return _CHECKED[key]
+
+
+def _ask_engine(ex, python: str, extras: dict[str, dict]) -> dict[str, list[str]]:
     done = ex.run([python, "-c", _CHECK_EXTRA, json.dumps(extras)], 180)
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("SPECDIAG_EXTRA ")), None)
     if line is None:

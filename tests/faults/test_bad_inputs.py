@@ -1,5 +1,6 @@
 """Bad stores, as a user meets them on the command line: one line naming the fix, exit 2, no traceback, and no
 Prefect or server started."""
+import json
 import os
 import subprocess
 import sys
@@ -58,3 +59,19 @@ def test_extra_settings_the_engine_would_refuse_are_one_line_before_any_server(t
     assert "drafter 'ngram-never': prompt_lookup_min=0: Input should be greater than or equal to 1" in lines[0]
     assert "--set drafters.NAME.extra.KEY=VALUE" in lines[0]
     assert "Beginning flow run" not in done.stdout + done.stderr  # refused before Prefect or a server starts
+
+
+def test_the_engines_answer_on_extra_settings_is_kept_on_its_host_per_question(tmp_path, monkeypatch):
+    """Importing vLLM's config takes seconds on 2 cores, on every diagnosis with extra settings: the host keeps the
+    answer, keyed by the engine and the question (a planted answer comes back; another question is asked anew)."""
+    from infra import embedded, vllm
+    from infra.executor import LocalExecutor
+
+    python, typo = embedded.engine_python(), {"ngram": {"prompt_lookup_mn": 2}}
+    monkeypatch.setenv("HOME", str(tmp_path))  # the engine's Python runs as a child: its ~ is here
+    assert "unknown key 'prompt_lookup_mn'" in vllm._ask_engine(LocalExecutor(), python, typo)["ngram"][0]
+    kept = list((tmp_path / ".cache/specdiag/extra-checks").glob("*.json"))
+    assert len(kept) == 1
+    kept[0].write_text(json.dumps({"ngram": ["planted"]}))
+    assert vllm._ask_engine(LocalExecutor(), python, typo) == {"ngram": ["planted"]}
+    assert vllm._ask_engine(LocalExecutor(), python, {"ngram": {"prompt_lookup_min": 2}}) == {}
