@@ -92,19 +92,9 @@ print("SPECDIAG_EXTRA " + json.dumps(out))
 """
 
 
-_CHECKED: dict[tuple, dict[str, list[str]]] = {}  # one engine start per question in a process (inputs are checked twice)
-
-
 def check_extra_settings(ex, python: str, extras: dict[str, dict]) -> dict[str, list[str]]:
-    """Per arm, what the engine on this host would refuse in its drafter's extra speculative settings (the engine's
-    Python imports vLLM to answer: seconds, so asked once per host, engine and settings)."""
-    key = (ex.host, python, json.dumps(extras, sort_keys=True))
-    if key not in _CHECKED:
-        _CHECKED[key] = _ask_engine(ex, python, extras)
-    return _CHECKED[key]
-
-
-def _ask_engine(ex, python: str, extras: dict[str, dict]) -> dict[str, list[str]]:
+    """Per arm, what the engine on this host would refuse in its drafter's extra speculative settings (answered
+    from the host's kept answers where the same engine was asked the same before: see _CHECK_EXTRA)."""
     done = ex.run([python, "-c", _CHECK_EXTRA, json.dumps(extras)], 180)
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("SPECDIAG_EXTRA ")), None)
     if line is None:

@@ -154,7 +154,7 @@ def mapping_agreement(fs, d: DrafterSpec, t: TargetSpec, ids: torch.Tensor) -> F
                    f"(median {median:.2f}, {share:.0%} below chance level, {n} sampled)")
 
 
-def _tokenizer_vocab(fs, path: str) -> bytes | None:
+def _tokenizer_json(fs, path: str) -> bytes | None:
     try:
         return fs.read_bytes(f"{path}/tokenizer.json")
     except (FileNotFoundError, OSError):
@@ -171,7 +171,7 @@ def _vocab_digest(raw: bytes) -> str | None:
 
 def tokenizers_differ(fs, draft: str, target: str) -> bool:
     """The two tokenizer.json vocabularies differ (the same file bytes: no parse, the usual case)."""
-    a, b = _tokenizer_vocab(fs, draft), _tokenizer_vocab(fs, target)
+    a, b = _tokenizer_json(fs, draft), _tokenizer_json(fs, target)
     if not a or not b or a == b:
         return False
     d_tok, t_tok = _vocab_digest(a), _vocab_digest(b)

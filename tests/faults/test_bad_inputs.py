@@ -69,9 +69,9 @@ def test_the_engines_answer_on_extra_settings_is_kept_on_its_host_per_question(t
 
     python, typo = embedded.engine_python(), {"ngram": {"prompt_lookup_mn": 2}}
     monkeypatch.setenv("HOME", str(tmp_path))  # the engine's Python runs as a child: its ~ is here
-    assert "unknown key 'prompt_lookup_mn'" in vllm._ask_engine(LocalExecutor(), python, typo)["ngram"][0]
+    assert "unknown key 'prompt_lookup_mn'" in vllm.check_extra_settings(LocalExecutor(), python, typo)["ngram"][0]
     kept = list((tmp_path / ".cache/specdiag/extra-checks").glob("*.json"))
     assert len(kept) == 1
     kept[0].write_text(json.dumps({"ngram": ["planted"]}))
-    assert vllm._ask_engine(LocalExecutor(), python, typo) == {"ngram": ["planted"]}
-    assert vllm._ask_engine(LocalExecutor(), python, {"ngram": {"prompt_lookup_min": 2}}) == {}
+    assert vllm.check_extra_settings(LocalExecutor(), python, typo) == {"ngram": ["planted"]}
+    assert vllm.check_extra_settings(LocalExecutor(), python, {"ngram": {"prompt_lookup_min": 2}}) == {}
