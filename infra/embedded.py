@@ -146,10 +146,13 @@ def _built_once(name: str, marker: str, build) -> Path:
 
 def _stamp(folder: Path) -> str:
     """The marker of a cached copy of a shipped fixture (or of anything derived from it): which version it was built
-    from. Without the fixture (trained here instead), the weights file is the marker."""
+    from: its config, notes and weights (a head retrained into the same config is another head; 20 MB hash in
+    ~20 ms). Without the fixture (trained here instead), the weights file is the marker."""
     if not (folder / "specdiag.json").exists():
         return "model.safetensors"
-    digest = hashlib.sha256((folder / "config.json").read_bytes() + (folder / "specdiag.json").read_bytes())
+    digest = hashlib.sha256()
+    for name in ("config.json", "specdiag.json", "model.safetensors"):
+        digest.update((folder / name).read_bytes())
     return f".from-{digest.hexdigest()[:12]}"
 
 
@@ -222,7 +225,7 @@ def eagle3_drafter(name: str = "smol-eagle3") -> Path:
     """An EAGLE-3 head for SmolLM2 that actually predicts, trained by train_eagle3.py on the target's own answers.
 
     Shipped as fixtures (infra/fixtures/<name>; each specdiag.json says how it was trained): smol-eagle3, trained on
-    an H200 (train_on_gpu.sh), and smol-eagle3-weak, the earlier CPU-trained head (a mediocre control is a case to
+    a lent GPU (train_on_gpu.sh), and smol-eagle3-weak, the earlier CPU-trained head (a mediocre control is a case to
     test). Without the fixture, smol-eagle3 is trained here, once (~15 min on 2 cores, a weaker head)."""
     fixture = FIXTURES / name
 

@@ -118,6 +118,18 @@ def test_a_cached_model_built_from_an_older_fixture_is_built_again(tmp_path, mon
     assert len(builds) == 2 and (again / ".from-bbb").exists() and not (again / ".from-aaa").exists()
 
 
+def test_the_stamp_of_a_fixture_changes_with_its_weights_alone(tmp_path):
+    """A head retrained into the same config and notes is another head: its cached copy must not be served (one was,
+    for a whole measurement, before the weights entered the stamp)."""
+    from infra.embedded import _stamp
+
+    for name, text in (("config.json", "{}"), ("specdiag.json", "{}"), ("model.safetensors", "head 1")):
+        (tmp_path / name).write_text(text)
+    first = _stamp(tmp_path)
+    (tmp_path / "model.safetensors").write_text("head 2")
+    assert _stamp(tmp_path) != first and _stamp(tmp_path).startswith(".from-")
+
+
 def test_extra_settings_are_left_to_the_server_when_the_engine_cannot_be_read(capsys):
     """An engine Python without vLLM (a wrong hosts.<name>.python is caught elsewhere): a note, not a refusal."""
     import sys
