@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import random
 import re
 import sys
@@ -25,41 +26,9 @@ from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from eagle3_ref import Eagle3  # noqa: E402
-from target_states import aux_states, encode, greedy, load_target  # noqa: E402
+from target_states import encode, greedy, load_target  # noqa: E402
+from train_prompts import ASK, MORE_SUBJECTS, SUBJECTS, TEMPLATES  # noqa: E402
 
-SUBJECTS = ["photosynthesis", "the water cycle", "black holes", "volcanoes", "the immune system", "compound interest",
-            "machine learning", "the French Revolution", "climate change", "vaccines", "recursion", "the stock market",
-            "plate tectonics", "the human heart", "electric cars", "the internet", "honey bees", "the Roman Empire",
-            "sleep", "renewable energy", "chess", "coffee", "the moon landing", "earthquakes", "DNA", "inflation",
-            "rainbows", "the printing press", "gravity", "healthy eating", "time management", "public speaking",
-            "sorting algorithms", "databases", "the solar system", "friendship", "gardening", "music theory",
-            "the ocean", "learning a language", "baking bread", "running a marathon", "saving money", "job interviews",
-            "writing a resume", "traveling to Japan", "camping", "dogs as pets", "cats", "the Renaissance",
-            "ancient Egypt", "World War I", "democracy", "the Moon", "Mars", "thunderstorms", "glaciers", "deserts",
-            "rainforests", "coral reefs", "bacteria", "the brain", "memory", "stress", "meditation", "yoga",
-            "soccer", "basketball", "the Olympics", "jazz", "painting", "photography", "movies", "poetry",
-            "Shakespeare", "video games", "smartphones", "passwords", "encryption", "cloud computing", "Python",
-            "JavaScript", "SQL", "Git", "unit testing", "HTTP", "operating systems", "electricity", "magnets",
-            "light", "sound", "atoms", "chemical reactions", "fractions", "prime numbers", "probability",
-            "statistics", "geometry", "algebra", "the economy", "taxes", "recycling", "cooking pasta", "tea"]
-TEMPLATES = ["Explain {} to a ten-year-old.", "Write a short paragraph about {}.",
-             "What are three interesting facts about {}?", "Give me a brief overview of {}.",
-             "Why is {} important?", "Write a short poem about {}.", "What are common misconceptions about {}?",
-             "Give me five tips related to {}.", "Write a short story that involves {}.",
-             "How would you teach a beginner about {}?", "Summarize the history of {} in a few sentences.",
-             "What are the pros and cons of {}?", "Describe {} in simple terms.",
-             "Write a friendly email to a colleague about {}.",
-             # more of the ways people ask a chat assistant (the chat prompt set itself stays out of training)
-             "How does {} work?", "Describe a typical day for someone who works with {}.",
-             "Write a step-by-step guide for getting started with {}.", "What should I know before I learn about {}?",
-             "Explain the basics of {} to someone who has never heard of it.", "Write a polite note to a friend about {}.",
-             "Why do people care about {}?", "Compare {} with something from everyday life.",
-             "Write a short dialogue between two friends about {}.", "List the key ideas of {}, one sentence each.",
-             "What would the world be like without {}?", "Write a haiku about {}.",
-             "Give an example that illustrates {}.", "Write a short quiz with three questions about {}.",
-             "Explain {} as a teacher would in a classroom.", "What are the first steps to learn about {}?",
-             "Plan a one-week study schedule for {}.", "What questions do people often ask about {}?",
-             "What is the difference between {} and a related idea?", "What should I pack or prepare for {}?"]
 STEPS = 3  # chained draft steps trained (test-time training); vLLM serves k of them
 LAYERS = [2, 15, 27]  # vLLM's default aux layer ids for a 30-layer target: (2, N//2, N-3)
 
@@ -68,13 +37,14 @@ def log(msg: str) -> None:
     print(f"[train-eagle3] {msg}", flush=True)
 
 
+CHAT = Path(__file__).parents[1] / "prompts" / "chat.jsonl"  # the demo's default prompt set: never trained on
+
+
+def subjects() -> list[str]:
+    return list(dict.fromkeys(SUBJECTS + MORE_SUBJECTS))
+
+
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # a GPU when there is one (the H200)
-
-
-ASK = ["Write a question that a curious person might ask about {}. Reply with the question only.",
-       "Write a request that someone might send to a helpful assistant about {}. Reply with the request only.",
-       "Suggest one task for an AI assistant that involves {}: writing, explaining, comparing, planning or "
-       "coding. Reply with the task only."]
 
 
 @torch.inference_mode()
@@ -86,7 +56,7 @@ def self_instruct(model, tok, n: int, batch: int = 256) -> list[str]:
     out, seen, tries = [], set(), 0
     while len(out) < n and tries < 4 * n // batch + 8:  # bounded: a target that repeats itself ends it early
         tries += 1
-        chunk = [encode(tok, rng.choice(ASK).format(rng.choice(SUBJECTS)), chat=True) for _ in range(batch)]
+        chunk = [encode(tok, rng.choice(ASK).format(rng.choice(subjects())), chat=True) for _ in range(batch)]
         width = max(len(c) for c in chunk)
         ids = torch.tensor([[pad] * (width - len(c)) + c for c in chunk], device=DEVICE)
         mask = (torch.arange(width, device=DEVICE)[None] >= torch.tensor([width - len(c) for c in chunk],
@@ -106,7 +76,7 @@ def self_instruct(model, tok, n: int, batch: int = 256) -> list[str]:
 def build_data(target: str, n_prompts: int, max_new: int, n_self: int = 0, dtype=torch.float32):
     model, tok = load_target(target, dtype=dtype)
     model.to(DEVICE)
-    prompts = [t.format(s) for s, t in itertools.product(SUBJECTS, TEMPLATES)]
+    prompts = [t.format(s) for s, t in itertools.product(subjects(), TEMPLATES)]
     random.Random(0).shuffle(prompts)
     prompts = prompts[:n_prompts]
     if n_self:
@@ -114,6 +84,8 @@ def build_data(target: str, n_prompts: int, max_new: int, n_self: int = 0, dtype
         prompts += self_instruct(model, tok, n_self)
         log(f"{n_self} prompts written by the target in {time.monotonic() - start:.0f} s, e.g. {prompts[-3:]}")
         random.Random(2).shuffle(prompts)
+    held_out = {json.loads(line)["prompt"].strip().lower() for line in CHAT.read_text().splitlines() if line.strip()}
+    prompts = [p for p in prompts if p.strip().lower() not in held_out]  # the benchmark's chat prompts stay out
     encoded = [encode(tok, p, chat=True) for p in prompts]
     start = time.monotonic()
     pairs = greedy(model, tok, encoded, max_new, batch=512 if DEVICE.type == "cuda" else 64)
@@ -208,28 +180,30 @@ def step_losses(d: Eagle3, ids, aux, labels, t2d_index):
 
 def train(d: Eagle3, data, epochs: int, vocab: int, deadline: float = float("inf"), pack: int = 0,
           header: list[int] | None = None, window: int = 32):
-    """deadline: time.monotonic() after which no new epoch starts (a machine lent for a few minutes).
+    """deadline: time.monotonic() after which no new epoch starts (a machine lent for a few minutes); after each
+    epoch the plan shrinks to the epochs that can still start before it, so the learning rate decays to its end.
     pack: join training sequences up to this many positions per step (0: one sequence per step).
     header: the chat template's generation prompt (token ids): where given, each epoch also measures the accuracy
     on the first WINDOW answer tokens of the held-out sequences, what a chat benchmark serves, and the weights of
-    the epoch best there at step 0 are kept. Every-position accuracy counts the prompt and long answers' easy tails:
-    a head of 2026-12-05 led it 0.781 to 0.733 and served 0.384 to 0.419 at position 0 on the chat prompts."""
+    the epoch best there at step 0 are kept. Every-position accuracy also counts the prompt (the same system prompt
+    in every sequence) and long answers' repetitive tails; the chat benchmark serves the start of each answer."""
     t2d_index = torch.full((vocab,), -1, dtype=torch.long, device=DEVICE)
     kept = torch.nonzero(d.t2d).squeeze(1)
     t2d_index[kept] = torch.arange(len(kept), device=DEVICE)
-    val, tr = data[: max(4, len(data) // 10)], data[max(4, len(data) // 10):]
+    n_val = min(1000, max(4, len(data) // 10))  # enough to choose an epoch; more only slows each epoch down
+    val, tr = data[:n_val], data[n_val:]
     tr = packed(tr, pack) if pack else tr
     params = [p for p in d.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
-    total = epochs * len(tr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 50) * max(0.05, 1 - i / total))
+    plan = [epochs]  # epochs planned: the learning rate reaches its floor at the end of the last
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: min(1.0, (i + 1) / 50) * max(0.05, 1 - i / (plan[0] * len(tr))))
     rng = random.Random(0)
     acc, best = [], None
     starts = answer_starts(val, header) if header else None
-    for epoch in range(epochs):
+    for epoch in itertools.count():
         start = time.monotonic()
-        if start > deadline:
-            log(f"deadline: stopping after {epoch} epochs")
+        if epoch >= plan[0]:
             break
         rng.shuffle(tr)
         d.train()
@@ -242,7 +216,7 @@ def train(d: Eagle3, data, epochs: int, vocab: int, deadline: float = float("inf
             opt.step()
             sched.step()
         acc = evaluate(d, val, t2d_index)
-        line = f"epoch {epoch + 1}/{epochs}: {time.monotonic() - start:.0f} s, val accuracy per step " + \
+        line = f"epoch {epoch + 1}/{plan[0]}: {time.monotonic() - start:.0f} s, val accuracy per step " + \
             " ".join(f"{a:.3f}" for a in acc)
         if starts:
             first = evaluate(d, val, t2d_index, starts, window)
@@ -250,11 +224,16 @@ def train(d: Eagle3, data, epochs: int, vocab: int, deadline: float = float("inf
             if not best or first[0] > best[1][0]:
                 best = ({k: v.detach().clone() for k, v in d.state_dict().items()}, first, acc, epoch + 1)
         log(line)
+        took = time.monotonic() - start
+        fit = epoch + 1 + max(0, math.ceil((deadline - time.monotonic()) / took))
+        if fit < plan[0]:
+            log(f"deadline: {fit} of {plan[0]} epochs fit")
+            plan[0] = fit
     if best:
         d.load_state_dict(best[0])
         log(f"kept epoch {best[3]}: first {window} answer tokens " + " ".join(f"{a:.3f}" for a in best[1]))
-        return best[2], best[1]
-    return acc, []
+        return best[2], best[1], plan[0]
+    return acc, [], plan[0]
 
 
 @torch.no_grad()
@@ -341,10 +320,10 @@ def main() -> None:
     kept = draft_vocab(data, args.draft_vocab, embed.shape[0])
     d = init_drafter(model, embed, kept, args.intermediate)
     header = generation_header(AutoTokenizer.from_pretrained(args.target)) if args.answer_window else None
-    acc, first = train(d, data, args.epochs, embed.shape[0], start + args.deadline_s, args.pack, header,
+    acc, first, ran = train(d, data, args.epochs, embed.shape[0], start + args.deadline_s, args.pack, header,
                        args.answer_window)
     save(d, args.out, {"val_accuracy_per_step": acc, f"val_first_{args.answer_window}_answer_tokens": first,
-                       "sequences": len(data), "epochs": args.epochs,
+                       "sequences": len(data), "epochs": ran,
                        "device": torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu",
                        "positions": sum(len(i) for i, _, _ in data), "argv": sys.argv[1:],
                        "build_s": round(time.monotonic() - start)})
