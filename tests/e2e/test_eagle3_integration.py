@@ -1,31 +1,40 @@
 """The seed's central suspect, reproduced: a good EAGLE-3 head behind a faulty engine patch -> `integration`.
 
 `smol-eagle3-badpatch` is the trained head behind a vLLM plugin the project injects: it feeds the head layers 0-2
-while its config and vLLM's log say (2, 15, 27). The control is the same head on the unpatched engine.
+while its config and vLLM's log say (2, 15, 27). The control is the same head on the unpatched engine: the demo's
+credible control (about 0.5 at position 0 on the default chat prompts, served), on the default prompts.
 """
+import shutil
 from pathlib import Path
 
 import pytest
 
+from infra.embedded import eagle3_drafter
+
 pytestmark = pytest.mark.e2e
 
+# The default chat prompts, measured whole (--fixed): 15 answers of 64 tokens give the control an interval narrow
+# enough that a candidate as good as it is called so (the follow-up below). Both diagnoses use these settings, so the
+# follow-up reuses the baseline and the control.
+BENCH = ("--fixed", "--max-tokens", "64")
 
-def test_faulty_engine_patch_is_named_integration(cli, no_servers_left):
+
+def test_faulty_engine_patch_is_named_integration(cli, no_servers_left, tmp_path):
     """Run as a user would, with the CLI's defaults (local host, default host.workdir): the offline evaluation must
-    run and its numbers must reach the verdict (it failed on every local run before: SameFileError)."""
+    run and its numbers must reach the verdict (it failed on every local run before: SameFileError). Then the good
+    head itself, as a candidate against the same control, is `healthy` (issue 18)."""
     done = cli("--drafter", "smol-eagle3-badpatch", "--control", "smol-eagle3", "--arms", "smol-eagle3-scrambled",
-               "--prompt-set", "topics",  # traffic like the head's training data, held out of it
-               "--prompts", "8", "--max-tokens", "48")  # enough drafts to separate served from offline
+               *BENCH)
     assert done.returncode == 0, done.output[-3000:]
     bad, good = done.arms["smol-eagle3-badpatch"].data, done.arms["smol-eagle3"].data
     assert done.parent.data.tags["specdiag.offline_eval"] == "ok"
     assert "offline evaluation FAILED" not in done.output
 
     # The trained head predicts when the engine feeds it right, and served stays near its offline reference forward:
-    # vLLM serves target and head in bf16, the reference runs fp32, which costs some acceptance (measured: 0.58
-    # served vs 0.85 offline on topics; the target alone in bf16 brings offline to 0.83/0.70/0.60 per position),
-    # far from the integration rule's 0.5x.
-    assert good.metrics["acceptance_rate_pos_0"] >= 0.5
+    # vLLM serves target and head in bf16, the reference runs fp32, and served drafts start where the last one
+    # failed, which samples harder positions than the reference's every slot (measured on these settings: 0.48
+    # served vs 0.58 offline at position 0), far from the integration rule's 0.5x.
+    assert good.metrics["acceptance_rate_pos_0"] >= 0.45
     assert good.metrics["acceptance_rate"] > 0.6 * good.metrics["offline_acceptance_rate"]
     # Same checkpoint, same offline numbers; served collapses only behind the faulty patch.
     assert bad.metrics["offline_acceptance_rate"] == good.metrics["offline_acceptance_rate"]
@@ -44,6 +53,16 @@ def test_faulty_engine_patch_is_named_integration(cli, no_servers_left):
     log = done.artifact_text(done.arms["smol-eagle3-badpatch"], "smol-eagle3-badpatch.server.log")
     assert "Using auxiliary layers from speculative config: (2, 15, 27)" in log  # what the engine claims
     assert "specdiag fault injection" in log  # what it does
+
+    # The good head as a user's candidate (its folder copied, as a user passes a checkpoint path) against the same
+    # control: one server load, the baseline and the control reused from the diagnosis above. The copy's files are
+    # new (fresh mtimes), so the candidate is measured anew rather than reused from the control's identical arm.
+    head = shutil.copytree(eagle3_drafter(), tmp_path / "my-eagle3", copy_function=shutil.copy)
+    again = cli("--drafter", str(head), "--control", "smol-eagle3", *BENCH)
+    assert again.returncode == 0, again.output[-3000:]
+    assert {a for a, r in again.arms.items() if "specdiag.reused_from" in r.data.tags} == {"baseline", "smol-eagle3"}
+    assert again.parent.data.tags["specdiag.verdict"] == "healthy", again.output[-3000:]
+    assert "candidate acceptance matches the control's" in again.output
 
 
 def test_a_head_served_other_layers_than_it_was_trained_on_is_named_aux_layers(cli, no_servers_left):
