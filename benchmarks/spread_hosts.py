@@ -39,8 +39,8 @@ def two_host_profile(sshd: dict, path: Path) -> str:
     return str(path)
 
 
-def diagnosis(env: dict, tracking: str, *args: str) -> tuple[float, int, str]:
-    """(wall s of the command, servers loaded, verdict) of `python flows/diagnose.py ARGS`."""
+def diagnosis(env: dict, tracking: str, *args: str) -> tuple[float, int, str, str]:
+    """(wall s of the command, servers loaded, verdict, where its time went) of `python flows/diagnose.py ARGS`."""
     start = time.monotonic()
     done = subprocess.run([sys.executable, "flows/diagnose.py", *args], cwd=ROOT, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -51,7 +51,9 @@ def diagnosis(env: dict, tracking: str, *args: str) -> tuple[float, int, str]:
     runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
     parent = max((r for r in runs if r.data.tags.get("specdiag.kind") == "diagnosis"), key=lambda r: r.info.start_time)
     arms = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    return wall, sum(1 for r in arms if "specdiag.reused_from" not in r.data.tags), parent.data.tags["specdiag.verdict"]
+    laps = next((line for line in done.stdout.splitlines() if line.startswith("wall time")), "")
+    return wall, sum(1 for r in arms if "specdiag.reused_from" not in r.data.tags), parent.data.tags["specdiag.verdict"], \
+        laps
 
 
 def main() -> None:
@@ -75,9 +77,11 @@ def main() -> None:
                     ("2 workers", args.drafter, *diagnosis(env, tracking, *fresh, "--hosts", "local", "loop"))]
     full = rows[0][2]
     print(f"\n{'run':10} {'candidate':15} {'server loads':>12} {'wall s':>8} {'vs one host':>11}  verdict")
-    for label, drafter, wall, loads, cause in rows:
+    for label, drafter, wall, loads, cause, _ in rows:
         print(f"{label:10} {drafter:15} {loads:12d} {wall:8.1f} {wall / full:10.2f}x  {cause}")
-    (_, _, _, loads0, cause0), (_, _, wall1, loads1, _), (_, _, one, _, _), (_, _, two, _, cause2) = rows
+    for label, *_, laps in rows:  # where each run's time went, as the diagnosis printed it
+        print(f"{label}: {laps}")
+    (_, _, _, loads0, cause0, _), (_, _, wall1, loads1, _, _), (_, _, one, _, _, _), (_, _, two, _, cause2, _) = rows
     print(f"follow-up / one host: {loads1}/{loads0} server loads, wall {wall1 / full:.2f}x")
     print(f"two hosts / one host, both through Prefect workers: wall {two / one:.2f}x (goal 0.6 or less); "
           f"two hosts / one host in this process: {two / full:.2f}x; the same verdict: {cause2 == cause0}")
