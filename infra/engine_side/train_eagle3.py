@@ -40,11 +40,10 @@ def log(msg: str) -> None:
 CHAT = Path(__file__).parents[1] / "prompts" / "chat.jsonl"  # the demo's default prompt set: never trained on
 
 
-def subjects() -> list[str]:
-    return list(dict.fromkeys(SUBJECTS + MORE_SUBJECTS))
+ALL_SUBJECTS = list(dict.fromkeys(SUBJECTS + MORE_SUBJECTS))
 
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # a GPU when there is one (the H200)
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # a GPU when there is one (a lent one)
 
 
 @torch.inference_mode()
@@ -56,7 +55,7 @@ def self_instruct(model, tok, n: int, batch: int = 256) -> list[str]:
     out, seen, tries = [], set(), 0
     while len(out) < n and tries < 4 * n // batch + 8:  # bounded: a target that repeats itself ends it early
         tries += 1
-        chunk = [encode(tok, rng.choice(ASK).format(rng.choice(subjects())), chat=True) for _ in range(batch)]
+        chunk = [encode(tok, rng.choice(ASK).format(rng.choice(ALL_SUBJECTS)), chat=True) for _ in range(batch)]
         width = max(len(c) for c in chunk)
         ids = torch.tensor([[pad] * (width - len(c)) + c for c in chunk], device=DEVICE)
         mask = (torch.arange(width, device=DEVICE)[None] >= torch.tensor([width - len(c) for c in chunk],
@@ -76,7 +75,7 @@ def self_instruct(model, tok, n: int, batch: int = 256) -> list[str]:
 def build_data(target: str, n_prompts: int, max_new: int, n_self: int = 0, dtype=torch.float32):
     model, tok = load_target(target, dtype=dtype)
     model.to(DEVICE)
-    prompts = [t.format(s) for s, t in itertools.product(subjects(), TEMPLATES)]
+    prompts = [t.format(s) for s, t in itertools.product(ALL_SUBJECTS, TEMPLATES)]
     random.Random(0).shuffle(prompts)
     prompts = prompts[:n_prompts]
     if n_self:
@@ -195,16 +194,15 @@ def train(d: Eagle3, data, epochs: int, vocab: int, deadline: float = float("inf
     tr = packed(tr, pack) if pack else tr
     params = [p for p in d.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
-    plan = [epochs]  # epochs planned: the learning rate reaches its floor at the end of the last
+    planned = epochs  # the learning rate reaches its floor at the end of the last planned epoch (read at each step)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: min(1.0, (i + 1) / 50) * max(0.05, 1 - i / (plan[0] * len(tr))))
+        opt, lambda i: min(1.0, (i + 1) / 50) * max(0.05, 1 - i / (planned * len(tr))))
     rng = random.Random(0)
     acc, best = [], None
     starts = answer_starts(val, header) if header else None
-    for epoch in itertools.count():
+    epoch = 0
+    while epoch < planned:
         start = time.monotonic()
-        if epoch >= plan[0]:
-            break
         rng.shuffle(tr)
         d.train()
         for ids, aux, labels in tr:
@@ -216,7 +214,7 @@ def train(d: Eagle3, data, epochs: int, vocab: int, deadline: float = float("inf
             opt.step()
             sched.step()
         acc = evaluate(d, val, t2d_index)
-        line = f"epoch {epoch + 1}/{plan[0]}: {time.monotonic() - start:.0f} s, val accuracy per step " + \
+        line = f"epoch {epoch + 1}/{planned}: {time.monotonic() - start:.0f} s, val accuracy per step " + \
             " ".join(f"{a:.3f}" for a in acc)
         if starts:
             first = evaluate(d, val, t2d_index, starts, window)
@@ -225,15 +223,16 @@ def train(d: Eagle3, data, epochs: int, vocab: int, deadline: float = float("inf
                 best = ({k: v.detach().clone() for k, v in d.state_dict().items()}, first, acc, epoch + 1)
         log(line)
         took = time.monotonic() - start
-        fit = epoch + 1 + max(0, math.ceil((deadline - time.monotonic()) / took))
-        if fit < plan[0]:
-            log(f"deadline: {fit} of {plan[0]} epochs fit")
-            plan[0] = fit
+        epoch += 1
+        fit = epoch + max(0, math.ceil((deadline - time.monotonic()) / took))
+        if fit < planned:
+            log(f"deadline: {fit} of {planned} epochs fit")
+            planned = fit
     if best:
         d.load_state_dict(best[0])
         log(f"kept epoch {best[3]}: first {window} answer tokens " + " ".join(f"{a:.3f}" for a in best[1]))
-        return best[2], best[1], plan[0]
-    return acc, [], plan[0]
+        return best[2], best[1], planned
+    return acc, [], planned
 
 
 @torch.no_grad()
