@@ -28,15 +28,16 @@ from tasks.record import ArmEvidence, ArmResult, arm_run, known_before, record_a
 from tasks.reuse import FINGERPRINT, arm_result
 from tasks.scrape import counter_metrics, log_crosscheck, scrape, spec_totals, spec_window
 from tasks.teardown import stop_unreturned, teardown
-from tasks.verdict import decision_thresholds, speed_judged
+from tasks.verdict import questions
 
 
 @flow(name="arm", flow_run_name="arm-{arm.name}", log_prints=True)
 def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, parent_run_id: str,
             workdir: str, prompts: list[str], offline: dict[str, float] | None = None,
             baseline_tok_s: list[float] | None = None, blockers: list[str] | None = None,
-            fingerprint: dict | None = None) -> ArmResult:
+            fingerprint: dict | None = None, candidate: dict[str, float] | None = None) -> ArmResult:
     """baseline_tok_s: the baseline arm's per-request tok/s, once measured: the early stop compares with it.
+    candidate: the candidate arm's metrics, once measured: a control's early stop compares with its acceptance.
     blockers: static findings that make a server load pointless; the arm then fails before its server starts.
     fingerprint: what decides the measurement (infra/fingerprint.py): tagged by digest, so a later diagnosis reuses it."""
     tracker = Tracker(tracking_uri)
@@ -67,9 +68,8 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
         ev.before = scrape(server)
         ev.bench = benchmark(server.base_url, bench_cfg, prompts[cfg.bench.warmup:],
                              spec_window(server, ev.before) if arm.spec else None,
-                             decision_thresholds(arm.role, offline),
-                             mean_interval(baseline_tok_s)[1:] if baseline_tok_s and len(baseline_tok_s) > 1 else None,
-                             speed_judged(arm.role), arm.name)
+                             questions(arm.role, offline, mean_interval(baseline_tok_s)[1:]
+                                       if baseline_tok_s and len(baseline_tok_s) > 1 else None, candidate), arm.name)
         ev.after = scrape(server)
         ev.metrics["bench_s"] = time.monotonic() - bench_start
         ev.metrics.update(counter_metrics(arm.name, ev.before, ev.after, speculative=arm.spec is not None))

@@ -20,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from infra.config import BenchConfig
 from infra.sse import SseClient, StreamError
-from tasks.earlystop import Progress, should_stop
+from tasks.earlystop import Progress, Questions, should_stop
 from tasks.progress import BenchProgress
 
 @dataclass
@@ -185,19 +185,15 @@ def warmup(base_url: str, cfg: BenchConfig, prompts: list[str]) -> None:
 @task(name="benchmark", cache_policy=NO_CACHE)
 def benchmark(base_url: str, cfg: BenchConfig, prompts: list[str],
               spec_so_far: Callable[[], tuple[float, float]] | None = None,
-              decisions: tuple[float, ...] = (), baseline_tok_s: tuple[float, float] | None = None,
-              tok_s_judged: bool = True, arm: str = "arm") -> BenchResult:
+              asks: Questions = Questions(), arm: str = "arm") -> BenchResult:
     """spec_so_far: (drafts, acceptance rate) of the window so far, for the early stop and the progress lines; None
-    without spec decode.
-    decisions: the acceptance thresholds the verdict will test this arm against; baseline_tok_s: the baseline arm's
-    per-request tok/s interval; tok_s_judged: whether the verdict reads this arm's speed (all for the early stop:
-    tasks/earlystop.py)."""
+    without spec decode. asks: what the verdict will ask of this arm's numbers, for the early stop
+    (tasks/earlystop.py)."""
     def stop_check(records: list[RequestRecord], elapsed: float) -> str:
         ok = [r for r in records if r.ok]
         drafts, rate = spec_so_far() if spec_so_far else (None, 0.0)
         return should_stop(cfg, Progress(len(ok), sum(r.completion_tokens for r in ok), elapsed,
-                                         BenchResult(ok, elapsed).request_tok_s(), drafts, rate, decisions,
-                                         baseline_tok_s=baseline_tok_s, tok_s_judged=tok_s_judged))
+                                         BenchResult(ok, elapsed).request_tok_s(), drafts, rate, asks))
 
     progress = BenchProgress(arm, len(prompts), spec_so_far)
 

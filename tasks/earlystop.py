@@ -4,7 +4,9 @@ Sequential intervals, checked after every completed request: acceptance's Wilson
 counted so far (the engine's counters, read mid-window) and per-request tok/s's t-interval. Acceptance is known
 well enough once its interval is narrow (`acceptance_half_width`) or, over at least the verdict's minimum of drafts,
 lies clear of every threshold the verdict will test this arm against (`decisions`, from tasks/verdict.py): a
-drafter at 0.36 need not be pinned to +-0.05 for the verdict to call it "below 0.6 and above 0.1". Likewise tok/s
+drafter at 0.36 need not be pinned to +-0.05 for the verdict to call it "below 0.6 and above 0.1". The control is
+also compared with the candidate: measured after it, it settles once clear of the candidate's interval too (`rival`),
+over the verdict's floor for a control (few drafts, since a good control accepts whole drafts). Likewise tok/s
 is known well enough once narrow (`tok_s_rel_half_width`) or clear of the baseline arm's interval: the speedup's
 side of 1 is then settled. Arms whose speed the verdict does not judge (the control, probes: only their acceptance
 is compared) need not settle tok/s at all. A token or time budget stops the window regardless. Checking after
@@ -20,6 +22,17 @@ from infra.stats import mean_interval, wilson
 
 
 @dataclass(frozen=True)
+class Questions:
+    """What the verdict will ask of one arm's numbers (tasks/verdict/evidence.py:questions, by its role)."""
+
+    decisions: tuple[float, ...] = ()  # acceptance thresholds the verdict compares this arm with
+    min_drafts: int = 30  # tasks.verdict.MIN_DRAFTS: the verdict decides nothing from fewer drafts
+    baseline_tok_s: tuple[float, float] | None = None  # the baseline arm's per-request tok/s interval, if measured
+    tok_s_judged: bool = True  # False: the verdict reads only this arm's acceptance (tasks.verdict.speed_judged)
+    rival: tuple[float, float] | None = None  # the acceptance interval this arm's is compared with, if measured
+
+
+@dataclass(frozen=True)
 class Progress:
     """What the window has measured so far."""
 
@@ -29,10 +42,7 @@ class Progress:
     request_tok_s: list[float]
     drafts: float | None = None  # None: no speculative decoding on this arm
     accepted_rate: float = 0.0
-    decisions: tuple[float, ...] = ()  # acceptance thresholds the verdict compares this arm with
-    min_drafts: int = 30  # tasks.verdict.MIN_DRAFTS: the verdict decides nothing from fewer drafts
-    baseline_tok_s: tuple[float, float] | None = None  # the baseline arm's per-request tok/s interval, if measured
-    tok_s_judged: bool = True  # False: the verdict reads only this arm's acceptance (tasks.verdict.speed_judged)
+    asks: Questions = Questions()
 
 
 def should_stop(cfg: BenchConfig, p: Progress) -> str:
@@ -45,12 +55,13 @@ def should_stop(cfg: BenchConfig, p: Progress) -> str:
         return ""
     mean, lo, hi = mean_interval(p.request_tok_s)
     tok_rel = (hi - lo) / 2 / mean if mean > 0 else float("inf")
-    base = p.baseline_tok_s
+    q = p.asks
+    base = q.baseline_tok_s
     if tok_rel <= cfg.tok_s_rel_half_width:
         tok = f"known to +-{tok_rel:.0%}"
     elif base and (lo > base[1] or hi < base[0]):
         tok = f"[{lo:.1f}-{hi:.1f}] clear of the baseline's [{base[0]:.1f}-{base[1]:.1f}]"
-    elif p.tok_s_judged or p.drafts is None:
+    elif q.tok_s_judged or p.drafts is None:
         return ""
     else:
         tok = ""
@@ -60,7 +71,10 @@ def should_stop(cfg: BenchConfig, p: Progress) -> str:
     tail = f"over {p.drafts:.0f} drafts{f' and tok/s {tok}' if tok else ''} after {p.requests_ok} requests"
     if (a_hi - a_lo) / 2 <= cfg.acceptance_half_width:
         return f"acceptance known to +-{(a_hi - a_lo) / 2:.3f} {tail}"
-    if p.decisions and p.drafts >= p.min_drafts and not any(a_lo <= t <= a_hi for t in p.decisions):
+    clear = not any(a_lo <= t <= a_hi for t in q.decisions) and \
+        (q.rival is None or a_lo > q.rival[1] or a_hi < q.rival[0])
+    if (q.decisions or q.rival) and p.drafts >= q.min_drafts and clear:
+        rival = f" and of [{q.rival[0]:.3f}-{q.rival[1]:.3f}] (the arm it is compared with)" if q.rival else ""
         return (f"acceptance [{a_lo:.3f}-{a_hi:.3f}] clear of the verdict's thresholds "
-                f"{', '.join(f'{t:g}' for t in sorted(p.decisions))} {tail}")
+                f"{', '.join(f'{t:g}' for t in sorted(q.decisions))}{rival} {tail}")
     return ""

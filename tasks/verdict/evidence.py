@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from infra.stats import wilson
+from tasks.earlystop import Questions
 
 VOCAB_CODES = {"d2t_missing", "d2t_shape", "d2t_range", "d2t_duplicates", "d2t_scrambled", "d2t_partial",
                "embedding_mismatch", "tokenizer"}
@@ -41,6 +42,16 @@ def decision_thresholds(role: str, offline: dict[str, float] | None = None) -> t
 def speed_judged(role: str) -> bool:
     """Whether the verdict reads this arm's tok/s (the speedup over the baseline), not only its acceptance."""
     return role not in ("control", "probe")
+
+
+def questions(role: str, offline: dict[str, float] | None = None, baseline_tok_s: tuple[float, float] | None = None,
+              candidate: dict[str, float] | None = None) -> Questions:
+    """What the rules will ask of an arm of this role, for its early stop. candidate: the candidate arm's metrics,
+    where it was measured first: the control is then settled once clear of the candidate's interval as well as of
+    its thresholds (versus_control's question), over the rules' floor for a control, MIN_CONTROL_DRAFTS."""
+    rival = acceptance_interval(candidate) if role == "control" and candidate and candidate.get("num_drafts") else None
+    return Questions(decision_thresholds(role, offline), MIN_CONTROL_DRAFTS if rival else MIN_DRAFTS,
+                     baseline_tok_s, speed_judged(role), rival)
 
 
 @dataclass

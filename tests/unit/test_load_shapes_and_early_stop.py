@@ -11,8 +11,8 @@ import pytest
 from infra.config import BenchConfig
 from tasks.bench import BenchResult, RequestRecord, benchmark
 from tasks import verdict
-from tasks.verdict import decision_thresholds
-from tasks.earlystop import Progress, should_stop
+from tasks.verdict import decision_thresholds, questions
+from tasks.earlystop import Progress, Questions, should_stop
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +68,10 @@ def test_early_stop_ends_the_window_once_precise(null_server):
     assert len(benchmark.fn(null_server, budget, ["hi"] * 40).records) == 5
 
 
-def _progress(n=10, tok_s=(10.0, 10.1, 9.9, 10.0), drafts=None, rate=0.0, decisions=(), baseline=None, judged=True):
-    return Progress(n, 100 * n, 5.0, list(tok_s) * 3, drafts, rate, decisions, baseline_tok_s=baseline,
-                    tok_s_judged=judged)
+def _progress(n=10, tok_s=(10.0, 10.1, 9.9, 10.0), drafts=None, rate=0.0, decisions=(), baseline=None, judged=True,
+              **more):
+    return Progress(n, 100 * n, 5.0, list(tok_s) * 3, drafts, rate,
+                    Questions(decisions, baseline_tok_s=baseline, tok_s_judged=judged, **more))
 
 
 def test_stop_rule_waits_for_both_intervals():
@@ -102,7 +103,7 @@ def test_concurrency_sweep_gives_one_row_per_level(null_server):
 def test_acceptance_clear_of_the_verdicts_thresholds_is_enough():
     cfg = BenchConfig()
     candidate = decision_thresholds("candidate")
-    assert candidate == (verdict.NEAR_ZERO, verdict.HEALTHY) and Progress(1, 1, 1, [1.0]).min_drafts == verdict.MIN_DRAFTS
+    assert candidate == (verdict.NEAR_ZERO, verdict.HEALTHY) and Progress(1, 1, 1, [1.0]).asks.min_drafts == verdict.MIN_DRAFTS
     # 0.36 over 60 drafts is [0.25, 0.48]: far from +-0.05, but below 0.6 and above 0.1 whatever more drafts say
     assert "clear of the verdict's thresholds 0.1, 0.6" in should_stop(cfg, _progress(drafts=60, rate=0.36,
                                                                                         decisions=candidate))
@@ -116,6 +117,29 @@ def test_acceptance_clear_of_the_verdicts_thresholds_is_enough():
     bound = decision_thresholds("candidate", offline)[-1]
     assert bound == pytest.approx(verdict.INTEGRATION_RATIO * verdict.offline_interval(offline)[0], abs=1e-4)
     assert should_stop(cfg, _progress(drafts=60, rate=bound, decisions=(bound,))) == ""
+
+
+def test_control_settles_once_clear_of_the_candidate_it_is_compared_with():
+    """A control measured after the candidate answers versus_control's question (above, below or overlapping the
+    candidate) as soon as its interval is clear of the candidate's, over the rules' floor for a control."""
+    cfg = BenchConfig()
+    near_zero = {"acceptance_rate": 0.0, "num_drafts": 93.0}  # a permuted candidate: [0, 0.04]
+    asks = questions("control", candidate=near_zero)
+    assert asks.rival == pytest.approx(verdict.acceptance_interval(near_zero)) and asks.min_drafts == 10
+    assert asks.decisions == decision_thresholds("control") and not asks.tok_s_judged
+    # 20 of 21 drafts accepted: [0.77, 0.99], far from +-0.05, but above 0.3, 0.6 and the candidate whatever follows
+    got = should_stop(cfg, _progress(drafts=21, rate=20 / 21, decisions=asks.decisions, judged=False, rival=asks.rival,
+                                     min_drafts=asks.min_drafts))
+    assert "clear of the verdict's thresholds 0.3, 0.6 and of [0.000-0.040]" in got
+    # the same control against a candidate inside its interval: overlapping, so only the half-width decides
+    good = questions("control", candidate={"acceptance_rate": 0.9, "num_drafts": 60.0})
+    assert should_stop(cfg, _progress(drafts=21, rate=20 / 21, decisions=good.decisions, judged=False,
+                                      rival=good.rival, min_drafts=good.min_drafts)) == ""
+    # no candidate measured yet (spread over hosts): the comparison is open, so the floor stays MIN_DRAFTS
+    alone = questions("control")
+    assert alone.rival is None and alone.min_drafts == verdict.MIN_DRAFTS
+    assert should_stop(cfg, _progress(drafts=21, rate=20 / 21, decisions=alone.decisions, judged=False)) == ""
+    assert questions("candidate", candidate=near_zero).rival is None  # only the control is compared this way
 
 
 def test_tok_s_clear_of_the_baseline_is_enough():
