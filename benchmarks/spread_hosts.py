@@ -2,7 +2,9 @@
 side in one run, on the services the README starts: a Prefect server, one process worker per host, an MLflow
 tracking server. The hosts are `local` and a loopback sshd, each server pinned to its own core (2 cores here), so
 "one host" is one core and "two hosts" are two. One host runs the diagnosis twice: in the diagnosis's own process
-(as without --hosts) and through its worker (--hosts local), the same machinery as two hosts.
+(as without --hosts) and through its worker (--hosts local), the same machinery as two hosts. Last, without any of
+specdiag's machinery, the control's server is loaded alone on the first host's core, then on both cores at once: what
+two "hosts" sharing this machine's memory cost each other, apart from the hand-off.
 
     python benchmarks/spread_hosts.py [--drafter smol-permuted] [--then smol-noisy] [--control smol-self]
 Goals: the follow-up loads one server; two hosts take 0.6 or less of one host's wall time.
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -22,9 +25,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from infra import embedded  # noqa: E402
+from infra.arms import plan_arms, plan_server, resolved_drafters  # noqa: E402
 from infra.browser import mlflow_server  # noqa: E402
-from infra.config import PROFILES_DIR  # noqa: E402
+from infra.config import PROFILES_DIR, load_profile  # noqa: E402
+from infra.executor import LocalExecutor  # noqa: E402
 from infra.stack import loopback_sshd, prefect_server, workers  # noqa: E402
+from tasks.health import wait_healthy  # noqa: E402
+from tasks.launch import Server  # noqa: E402
 
 
 def two_host_profile(sshd: dict, path: Path) -> str:
@@ -56,6 +63,20 @@ def diagnosis(env: dict, tracking: str, *args: str) -> tuple[float, int, str, st
         laps
 
 
+def load_times(profile: str, control: str, hosts: list[str], logs: Path) -> list[float]:
+    """Seconds to healthy of CONTROL's server started at once on each host's cores and port, all on this machine."""
+    cfg, ex = load_profile(profile, {"control": control}), LocalExecutor()
+    arm = next(a for a in resolved_drafters(plan_arms(cfg)) if a.name == control)
+    plans = [plan_server(cfg.on_host(h), arm, str(logs / h)) for h in hosts]
+    servers = [Server(h, ex.launch(p.argv, p.env, p.log_path), ex.base_url(p.port), ex) for h, p in zip(hosts, plans)]
+    try:
+        with ThreadPoolExecutor(len(servers)) as pool:
+            return list(pool.map(lambda srv: wait_healthy.fn(srv, 300), servers))
+    finally:
+        for srv in servers:
+            ex.stop_group(srv.process.pgid)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafter", default="smol-permuted")
@@ -75,6 +96,8 @@ def main() -> None:
                     ("follow-up", args.then, *diagnosis(env, tracking, *common, "--drafter", args.then)),
                     ("1 worker", args.drafter, *diagnosis(env, tracking, *fresh, "--hosts", "local")),
                     ("2 workers", args.drafter, *diagnosis(env, tracking, *fresh, "--hosts", "local", "loop"))]
+        alone, together = load_times(profile, args.control, ["local"], tmp / "alone"), \
+            load_times(profile, args.control, ["local", "loop"], tmp / "together")
     full = rows[0][2]
     print(f"\n{'run':10} {'candidate':15} {'server loads':>12} {'wall s':>8} {'vs one host':>11}  verdict")
     for label, drafter, wall, loads, cause, _ in rows:
@@ -85,6 +108,9 @@ def main() -> None:
     print(f"follow-up / one host: {loads1}/{loads0} server loads, wall {wall1 / full:.2f}x")
     print(f"two hosts / one host, both through Prefect workers: wall {two / one:.2f}x (goal 0.6 or less); "
           f"two hosts / one host in this process: {two / full:.2f}x; the same verdict: {cause2 == cause0}")
+    print(f"{args.control}'s server without specdiag: healthy after {alone[0]:.1f} s alone, "
+          f"{' and '.join(f'{t:.1f}' for t in together)} s when both hosts load one at once (this machine's memory "
+          f"and cores are both hosts')")
 
 
 if __name__ == "__main__":
