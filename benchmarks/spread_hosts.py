@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -31,7 +32,8 @@ from infra.config import PROFILES_DIR, load_profile  # noqa: E402
 from infra.executor import LocalExecutor  # noqa: E402
 from infra.stack import loopback_sshd, prefect_server, workers  # noqa: E402
 from tasks.health import wait_healthy  # noqa: E402
-from tasks.launch import Server  # noqa: E402
+from tasks.launch import launch_server  # noqa: E402
+from tasks.teardown import teardown  # noqa: E402
 
 
 def two_host_profile(sshd: dict, path: Path) -> str:
@@ -67,14 +69,16 @@ def load_times(profile: str, control: str, hosts: list[str], logs: Path) -> list
     """Seconds to healthy of CONTROL's server started at once on each host's cores and port, all on this machine."""
     cfg, ex = load_profile(profile, {"control": control}), LocalExecutor()
     arm = next(a for a in resolved_drafters(plan_arms(cfg)) if a.name == control)
-    plans = [plan_server(cfg.on_host(h), arm, str(logs / h)) for h in hosts]
-    servers = [Server(h, ex.launch(p.argv, p.env, p.log_path), ex.base_url(p.port), ex) for h, p in zip(hosts, plans)]
-    try:
+    servers = []
+    try:  # launched and stopped as an arm's own server is (port check, registry, /dev/shm leftovers)
+        for h in hosts:
+            servers.append(launch_server.fn(replace(plan_server(cfg.on_host(h), arm, str(logs / h)),
+                                                    arm=f"{control}@{h}"), ex))
         with ThreadPoolExecutor(len(servers)) as pool:
             return list(pool.map(lambda srv: wait_healthy.fn(srv, 300), servers))
     finally:
         for srv in servers:
-            ex.stop_group(srv.process.pgid)
+            teardown.fn(srv)
 
 
 def main() -> None:

@@ -37,7 +37,8 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
             baseline_tok_s: list[float] | None = None, blockers: list[str] | None = None,
             fingerprint: dict | None = None, candidate: dict[str, float] | None = None) -> ArmResult:
     """baseline_tok_s: the baseline arm's per-request tok/s, once measured: the early stop compares with it.
-    candidate: the candidate arm's metrics, once measured: a control's early stop compares with its acceptance.
+    candidate: the candidate arm's metrics, once measured: a control's early stop compares with its acceptance
+    (tasks/verdict/evidence.questions; other roles ignore it).
     blockers: static findings that make a server load pointless; the arm then fails before its server starts.
     fingerprint: what decides the measurement (infra/fingerprint.py): tagged by digest, so a later diagnosis reuses it."""
     tracker = Tracker(tracking_uri)

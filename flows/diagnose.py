@@ -183,7 +183,7 @@ def _measure(cfg, arm, tracker, where, prompts, offline, results, blockers, fing
     cand = next((r.metrics for r in results if r.role == "candidate" and r.ok), None)
     params = dict(cfg=cfg, arm=arm, tracking_uri=tracker.uri, experiment_id=experiment, parent_run_id=parent,
                   workdir=run_dir(cfg, parent), prompts=prompts, offline=offline, baseline_tok_s=base,
-                  blockers=blockers, fingerprint=fingerprint, candidate=cand if arm.role == "control" else None)
+                  blockers=blockers, fingerprint=fingerprint, candidate=cand)
     if runs:
         return remote_arm(runs, host, params)
     # The diagnosis's own flow run beats for this process; an arm's own heartbeat thread would hold its end for up to
