@@ -5,6 +5,7 @@ Prefect tasks do not see it.
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -20,6 +21,9 @@ from mlflow.tracking import MlflowClient
 from infra.config import PROJECT_ROOT, SpecdiagError
 
 MAX_PARAM = 6000
+# A new sqlite store logs "Creating initial MLflow database tables..." to stderr on first use: on a new user's first
+# run, before anything specdiag says (a bad input's one-line error included). Warnings still show.
+logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
 
 
 def interruption(exc: BaseException) -> bool:

@@ -18,9 +18,11 @@ ROOT = Path(__file__).resolve().parents[2]
     (["--profile", str(ROOT / "tests/fixtures/profile_list.yaml")], "holds a list, not a mapping of sections"),
     (["--profile", str(ROOT / "tests/fixtures/profile_scalar.yaml")], "holds a str, not a mapping of sections"),
 ])
-def test_bad_input_is_one_clear_line_not_a_traceback(args, message):
+def test_bad_input_is_one_clear_line_not_a_traceback(args, message, tmp_path):
+    """On a new user's first run, too: a store MLflow has yet to create says nothing before the error."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
     proc = subprocess.run([sys.executable, "flows/diagnose.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
     assert proc.stderr.startswith("specdiag: error:")
