@@ -70,7 +70,9 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
         ev.bench = benchmark(server.base_url, bench_cfg, prompts[cfg.bench.warmup:],
                              spec_window(server, ev.before) if arm.spec else None,
                              questions(arm.role, offline, mean_interval(baseline_tok_s)[1:]
-                                       if baseline_tok_s and len(baseline_tok_s) > 1 else None, candidate), arm.name)
+                                       if baseline_tok_s and len(baseline_tok_s) > 1 else None, candidate,
+                                       arm.position_limit, arm.spec.num_speculative_tokens if arm.spec else 1),
+                             arm.name)
         ev.after = scrape(server)
         ev.metrics["bench_s"] = time.monotonic() - bench_start
         ev.metrics.update(counter_metrics(arm.name, ev.before, ev.after, speculative=arm.spec is not None))

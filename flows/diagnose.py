@@ -141,7 +141,7 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
     each next arm to the first free host. A drafter arm waits for the offline evaluation (its numbers go with it);
     the baseline does not."""
     on = _hosts(cfg)
-    drafters = [_whole_window(a, findings) for a in drafters]
+    drafters = [_position_limited(a, findings) for a in drafters]
     prints = {h: fingerprints(c, drafters, target, prompts) for h, c in on.items()}
     results: list[ArmResult] = []  # as they end: a later arm's early stop compares with the baseline's tok/s
 
@@ -163,12 +163,11 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
         raise
 
 
-def _whole_window(arm, findings):
-    """An arm served past its drafter's declared positions (static check position_limit) measures its whole cap: the
-    early stop does not know the context_limit rule's question (acceptance before vs past that position)."""
-    if any(f.code == "position_limit" for f in findings.get(arm.name, [])):
-        return replace(arm, bench=tuple(dict(arm.bench, early_stop=False).items()))
-    return arm
+def _position_limited(arm, findings):
+    """An arm served past its drafter's declared positions (static check position_limit): its early stop also asks
+    context_limit's question, acceptance before that position against past it."""
+    limit = next((int(f.value) for f in findings.get(arm.name, []) if f.code == "position_limit" and f.value), 0)
+    return replace(arm, position_limit=limit) if limit else arm
 
 
 def _measure(cfg, arm, tracker, where, prompts, offline, results, blockers, fingerprint, runs=None, host=""):

@@ -28,6 +28,7 @@ class Arm:
     bench: tuple[tuple[str, object], ...] = ()  # benchmark settings of this arm only (raw_prompts, temperature...)
     target_args: tuple[str, ...] | None = None  # server arguments for this arm only (graphs probe)
     mapping_from: str | None = None  # take d2t/t2d from this checkpoint (control_mapping probe)
+    position_limit: int = 0  # the positions its drafter declares, where served past them (static check position_limit)
 
     def server_args(self, profile: Profile) -> list[str]:
         """The target's server arguments as this arm serves it."""

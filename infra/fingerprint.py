@@ -65,6 +65,8 @@ def fields(cfg: Profile, arm, target: str, prompts: list[str], ids: dict, judges
         "speculative": spec,
         # the early stop ends a speed-judged arm on tok/s as well as acceptance: it measures longer
         "early_stop_judges_speed": judges_speed if bench["early_stop"] else None,
+        # and asks context_limit's question (acceptance before vs past this position): only where set, as above
+        **({"early_stop_position_limit": arm.position_limit} if arm.position_limit and bench["early_stop"] else {}),
     }
 
 

@@ -7,9 +7,12 @@ by powers of two from 128, the values drafters' position limits take (2048, 4096
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 from infra.stats import ratio_interval
-from tasks.bench import RequestRecord
+
+if TYPE_CHECKING:  # tasks.bench asks this module for the early stop's split by position
+    from tasks.bench import RequestRecord
 
 FIRST_BUCKET = 128
 

@@ -20,6 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from infra.config import BenchConfig
 from infra.sse import SseClient, StreamError
+from tasks.acceptance import request_metrics, split_at
 from tasks.earlystop import Progress, Questions, should_stop
 from tasks.progress import BenchProgress
 
@@ -192,8 +193,10 @@ def benchmark(base_url: str, cfg: BenchConfig, prompts: list[str],
     def stop_check(records: list[RequestRecord], elapsed: float) -> str:
         ok = [r for r in records if r.ok]
         drafts, rate = spec_so_far() if spec_so_far else (None, 0.0)
+        by_request = request_metrics(ok) if asks.position_limit else {}  # {}: the engine gave no per-request counts
         return should_stop(cfg, Progress(len(ok), sum(r.completion_tokens for r in ok), elapsed,
-                                         BenchResult(ok, elapsed).request_tok_s(), drafts, rate, asks))
+                                         BenchResult(ok, elapsed).request_tok_s(), drafts, rate, asks,
+                                         split_at(by_request, asks.position_limit) if by_request else None))
 
     progress = BenchProgress(arm, len(prompts), spec_so_far)
 

@@ -9,7 +9,11 @@ also compared with the candidate: measured after it, it settles once clear of th
 over the verdict's floor for a control (few drafts, since a good control accepts whole drafts). Likewise tok/s
 is known well enough once narrow (`tok_s_rel_half_width`) or clear of the baseline arm's interval: the speedup's
 side of 1 is then settled. Arms whose speed the verdict does not judge (the control, probes: only their acceptance
-is compared) need not settle tok/s at all. A token or time budget stops the window regardless. Checking after
+is compared) need not settle tok/s at all. A drafter served past the positions it declares (static check
+position_limit) is also asked context_limit's question: its acceptance before that position against past it, from
+each request's own counts. That is settled once both sides hold the verdict's floor of drafts and their intervals
+are apart or both narrow; until then the window goes on (to the cap, where no sequence passes the limit). A token
+or time budget stops the window regardless. Checking after
 every request makes the nominal 95% slightly optimistic; the targets are set tighter than the verdict's margins to
 absorb that.
 """
@@ -20,16 +24,20 @@ from dataclasses import dataclass
 from infra.config import BenchConfig
 from infra.stats import mean_interval, wilson
 
+MIN_DRAFTS = 30  # below this, no interval is narrow enough to decide anything (the verdict's floor, tasks/verdict)
+
 
 @dataclass(frozen=True)
 class Questions:
     """What the verdict will ask of one arm's numbers (tasks/verdict/evidence.py:questions, by its role)."""
 
     decisions: tuple[float, ...] = ()  # acceptance thresholds the verdict compares this arm with
-    min_drafts: int = 30  # tasks.verdict.MIN_DRAFTS: the verdict decides nothing from fewer drafts
+    min_drafts: int = MIN_DRAFTS  # the verdict decides nothing from fewer drafts of this arm
     baseline_tok_s: tuple[float, float] | None = None  # the baseline arm's per-request tok/s interval, if measured
     tok_s_judged: bool = True  # False: the verdict reads only this arm's acceptance (tasks.verdict.speed_judged)
     rival: tuple[float, float] | None = None  # the acceptance interval this arm's is compared with, if measured
+    position_limit: int = 0  # the drafter's declared positions, where served past them: context_limit's question
+    k: int = 1  # draft tokens per draft: drafts on either side of position_limit count as draft tokens / k
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,9 @@ class Progress:
     drafts: float | None = None  # None: no speculative decoding on this arm
     accepted_rate: float = 0.0
     asks: Questions = Questions()
+    # (accepted, drafted) draft tokens before and past asks.position_limit, from each request's own counts; None where
+    # the question is not asked or the engine gives no per-request counts (the verdict then cannot ask it either)
+    split: tuple[tuple[float, float], tuple[float, float]] | None = None
 
 
 def should_stop(cfg: BenchConfig, p: Progress) -> str:
@@ -67,6 +78,14 @@ def should_stop(cfg: BenchConfig, p: Progress) -> str:
         tok = ""
     if p.drafts is None:
         return f"tok/s {tok} after {p.requests_ok} requests"
+    settled = _acceptance_settled(cfg, p, tok)
+    by_position = _by_position(cfg, p) if settled else None
+    return "" if by_position is None else settled + by_position
+
+
+def _acceptance_settled(cfg: BenchConfig, p: Progress, tok: str) -> str:
+    """Why the arm's acceptance is known well enough for the verdict, or ''."""
+    q = p.asks
     a_lo, a_hi = wilson(p.accepted_rate * p.drafts, p.drafts)
     tail = f"over {p.drafts:.0f} drafts{f' and tok/s {tok}' if tok else ''} after {p.requests_ok} requests"
     if (a_hi - a_lo) / 2 <= cfg.acceptance_half_width:
@@ -78,3 +97,20 @@ def should_stop(cfg: BenchConfig, p: Progress) -> str:
         return (f"acceptance [{a_lo:.3f}-{a_hi:.3f}] clear of the verdict's thresholds "
                 f"{', '.join(f'{t:g}' for t in sorted(q.decisions))}{rival} {tail}")
     return ""
+
+
+def _by_position(cfg: BenchConfig, p: Progress) -> str | None:
+    """context_limit's question (tasks/verdict/rules.py): '' where not asked, None while open, else how it settled."""
+    q = p.asks
+    if not q.position_limit or p.split is None:
+        return ""
+    if min(d for _, d in p.split) < MIN_DRAFTS * q.k:  # the rule's own floor on either side
+        return None
+    (w_lo, w_hi), (b_lo, b_hi) = sides = [wilson(a / q.k, d / q.k) for a, d in p.split]
+    if b_hi < w_lo or b_lo > w_hi:
+        how = "apart"
+    elif all((hi - lo) / 2 <= cfg.acceptance_half_width for lo, hi in sides):
+        how = f"both known to +-{cfg.acceptance_half_width:g}"
+    else:
+        return None
+    return f"; before position {q.position_limit} [{w_lo:.3f}-{w_hi:.3f}], past it [{b_lo:.3f}-{b_hi:.3f}]: {how}"

@@ -10,11 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from infra.stats import wilson
-from tasks.earlystop import Questions
+from tasks.earlystop import MIN_DRAFTS, Questions
 
 VOCAB_CODES = {"d2t_missing", "d2t_shape", "d2t_range", "d2t_duplicates", "d2t_scrambled", "d2t_partial",
                "embedding_mismatch", "tokenizer"}
-MIN_DRAFTS = 30  # below this, no interval is narrow enough to decide anything
 # A good control accepts whole drafts, so it makes few of them; its interval still narrows fast
 # (all 26 accepted -> [0.87, 1]). The floor only guards against a handful of drafts.
 MIN_CONTROL_DRAFTS = 10
@@ -45,13 +44,15 @@ def speed_judged(role: str) -> bool:
 
 
 def questions(role: str, offline: dict[str, float] | None = None, baseline_tok_s: tuple[float, float] | None = None,
-              candidate: dict[str, float] | None = None) -> Questions:
+              candidate: dict[str, float] | None = None, position_limit: int = 0, k: int = 1) -> Questions:
     """What the rules will ask of an arm of this role, for its early stop. candidate: the candidate arm's metrics,
     where it was measured first: the control is then settled once clear of the candidate's interval as well as of
-    its thresholds (versus_control's question), over the rules' floor for a control, MIN_CONTROL_DRAFTS."""
+    its thresholds (versus_control's question), over the rules' floor for a control, MIN_CONTROL_DRAFTS.
+    position_limit: the positions its drafter declares, where the server serves more (static check position_limit):
+    context_limit's question, acceptance before that position against past it, drafting k tokens a step."""
     rival = acceptance_interval(candidate) if role == "control" and candidate and candidate.get("num_drafts") else None
     return Questions(decision_thresholds(role, offline), MIN_CONTROL_DRAFTS if rival else MIN_DRAFTS,
-                     baseline_tok_s, speed_judged(role), rival)
+                     baseline_tok_s, speed_judged(role), rival, position_limit, max(1, k))
 
 
 @dataclass

@@ -181,3 +181,24 @@ def test_the_thinking_switch_reaches_chat_requests_and_only_them():
     assert "chat_template_kwargs" not in _payload(BenchConfig(), "m", "hi", 8)[1]
     raw = BenchConfig(endpoint="completions", chat_template_kwargs={"thinking": False})
     assert "chat_template_kwargs" not in _payload(raw, "m", "hi", 8)[1]
+
+
+def test_a_drafter_served_past_its_positions_settles_acceptance_before_and_past_them():
+    """context_limit's question (static check position_limit): the window ends only once acceptance before the
+    drafter's declared positions and past them are each over the rules' floor (MIN_DRAFTS drafts of k tokens) and
+    apart, or both narrow; without per-request counts the verdict cannot ask it, so it holds nothing."""
+    cfg = BenchConfig()
+    asks = questions("candidate", position_limit=128, k=4)
+    assert (asks.position_limit, asks.k) == (128, 4)
+
+    def stop(split, drafts=400, rate=0.5):  # 0.5 over 400 drafts: the arm's own acceptance is known to +-0.049
+        return should_stop(cfg, Progress(10, 1000, 5.0, [10.0, 10.1, 9.9, 10.0] * 3, drafts, rate, asks, split))
+    assert "acceptance known" in stop(None) and "position" not in stop(None)  # no per-request counts
+    assert stop(((380.0, 400.0), (4.0, 100.0))) == ""  # 25 drafts past 128: under the floor, however far apart
+    assert stop(((380.0, 400.0), (0.0, 0.0))) == ""  # nothing served past it yet
+    apart = stop(((380.0, 400.0), (4.0, 400.0)))
+    assert "before position 128 [0." in apart and apart.endswith(": apart")
+    assert stop(((70.0, 120.0), (60.0, 120.0))) == ""  # 30 drafts a side: [0.41-0.74] against [0.33-0.67]
+    assert stop(((1000.0, 2000.0), (1000.0, 2000.0))).endswith("both known to +-0.05")  # 500 drafts a side
+    assert stop(((380.0, 400.0), (4.0, 400.0)), drafts=40, rate=0.5) == ""  # the arm's own acceptance still open
+    assert questions("candidate").position_limit == 0  # a drafter within its positions is not asked
