@@ -25,7 +25,7 @@ from tasks.cleanup import cleanup
 from tasks.health import wait_healthy
 from tasks.launch import launch_server
 from tasks.record import ArmEvidence, ArmResult, arm_run, known_before, record_arm
-from tasks.reuse import FINGERPRINT, arm_result
+from tasks.reuse import FINGERPRINT, arm_result, asked_beside
 from tasks.scrape import counter_metrics, log_crosscheck, scrape, spec_totals, spec_window
 from tasks.teardown import stop_unreturned, teardown
 from tasks.verdict import questions
@@ -35,12 +35,15 @@ from tasks.verdict import questions
 def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, parent_run_id: str,
             workdir: str, prompts: list[str], offline: dict[str, float] | None = None,
             baseline_tok_s: list[float] | None = None, blockers: list[str] | None = None,
-            fingerprint: dict | None = None, candidate: dict[str, float] | None = None) -> ArmResult:
+            fingerprint: dict | None = None, candidate: dict[str, float] | None = None,
+            beside: bool = False) -> ArmResult:
     """baseline_tok_s: the baseline arm's per-request tok/s, once measured: the early stop compares with it.
     candidate: the candidate arm's metrics, once measured: a control's early stop compares with its acceptance
     (tasks/verdict/evidence.questions; other roles ignore it).
     blockers: static findings that make a server load pointless; the arm then fails before its server starts.
-    fingerprint: what decides the measurement (infra/fingerprint.py): tagged by digest, so a later diagnosis reuses it."""
+    fingerprint: what decides the measurement (infra/fingerprint.py): tagged by digest, so a later diagnosis reuses it.
+    beside: measured beside the diagnosis's other arms (spread over hosts): what of baseline_tok_s and candidate
+    was not known at its start is read from their MLflow runs as they end (tasks/reuse.asked_beside)."""
     tracker = Tracker(tracking_uri)
     run_name, tags = arm_run(arm)
     if fingerprint:
@@ -69,10 +72,8 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
         ev.before = scrape(server)
         ev.bench = benchmark(server.base_url, bench_cfg, prompts[cfg.bench.warmup:],
                              spec_window(server, ev.before) if arm.spec else None,
-                             questions(arm.role, offline, mean_interval(baseline_tok_s)[1:]
-                                       if baseline_tok_s and len(baseline_tok_s) > 1 else None, candidate,
-                                       arm.position_limit, arm.spec.num_speculative_tokens if arm.spec else 1),
-                             arm.name)
+                             _asks(arm, offline, baseline_tok_s, candidate, beside, tracker,
+                                   (experiment_id, parent_run_id)), arm.name)
         ev.after = scrape(server)
         ev.metrics["bench_s"] = time.monotonic() - bench_start
         ev.metrics.update(counter_metrics(arm.name, ev.before, ev.after, speculative=arm.spec is not None))
@@ -116,6 +117,17 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
         record_arm(tracker, result, params, ev)
         executor.close()
     return result
+
+
+def _asks(arm: Arm, offline, baseline_tok_s, candidate, beside: bool, tracker: Tracker, where: tuple[str, str]):
+    """What the verdict will ask of this arm, for its early stop; learned as the other arms end, where measured beside
+    them (the baseline asks nothing of them)."""
+    def ask(tok_s: list[float] | None, cand: dict | None):
+        return questions(arm.role, offline, mean_interval(tok_s)[1:] if tok_s and len(tok_s) > 1 else None, cand,
+                         arm.position_limit, arm.spec.num_speculative_tokens if arm.spec else 1)
+    if beside and arm.role != "baseline":
+        return asked_beside(ask, baseline_tok_s, candidate, tracker, *where)
+    return ask(baseline_tok_s, candidate)
 
 
 def remote_arm(runs: RemoteRuns, host: str, params: dict) -> ArmResult:

@@ -183,8 +183,8 @@ def _measure(cfg, arm, tracker, where, prompts, offline, results, blockers, fing
     params = dict(cfg=cfg, arm=arm, tracking_uri=tracker.uri, experiment_id=experiment, parent_run_id=parent,
                   workdir=run_dir(cfg, parent), prompts=prompts, offline=offline, baseline_tok_s=base,
                   blockers=blockers, fingerprint=fingerprint, candidate=cand)
-    if runs:
-        return remote_arm(runs, host, params)
+    if runs:  # measured beside the other arms: it learns their numbers as they end
+        return remote_arm(runs, host, {**params, "beside": True})
     # The diagnosis's own flow run beats for this process; an arm's own heartbeat thread would hold its end for up to
     # a second (Prefect joins it after its current 1 s sleep), every arm.
     with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):

@@ -186,17 +186,17 @@ def warmup(base_url: str, cfg: BenchConfig, prompts: list[str]) -> None:
 @task(name="benchmark", cache_policy=NO_CACHE)
 def benchmark(base_url: str, cfg: BenchConfig, prompts: list[str],
               spec_so_far: Callable[[], tuple[float, float]] | None = None,
-              asks: Questions = Questions(), arm: str = "arm") -> BenchResult:
+              asks: Questions | Callable[[], Questions] = Questions(), arm: str = "arm") -> BenchResult:
     """spec_so_far: (drafts, acceptance rate) of the window so far, for the early stop and the progress lines; None
     without spec decode. asks: what the verdict will ask of this arm's numbers, for the early stop
-    (tasks/earlystop.py)."""
+    (tasks/earlystop.py), or what gives it as the other arms' numbers come in (tasks/reuse.asked_beside)."""
     def stop_check(records: list[RequestRecord], elapsed: float) -> str:
-        ok = [r for r in records if r.ok]
+        ok, q = [r for r in records if r.ok], asks() if callable(asks) else asks
         drafts, rate = spec_so_far() if spec_so_far else (None, 0.0)
-        by_request = request_metrics(ok) if asks.position_limit else {}  # {}: the engine gave no per-request counts
+        by_request = request_metrics(ok) if q.position_limit else {}  # {}: the engine gave no per-request counts
         return should_stop(cfg, Progress(len(ok), sum(r.completion_tokens for r in ok), elapsed,
-                                         BenchResult(ok, elapsed).request_tok_s(), drafts, rate, asks,
-                                         split_at(by_request, asks.position_limit) if by_request else None))
+                                         BenchResult(ok, elapsed).request_tok_s(), drafts, rate, q,
+                                         split_at(by_request, q.position_limit) if by_request else None))
 
     progress = BenchProgress(arm, len(prompts), spec_so_far)
 

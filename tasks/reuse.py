@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from subprocess import SubprocessError
@@ -23,6 +24,7 @@ from infra.executor import executor_for
 from infra.tracking import Tracker, metric_name
 from tasks.acceptance import request_acceptance
 from tasks.bench import BenchResult
+from tasks.earlystop import Questions
 from tasks.record import ArmResult, arm_run, known_before
 from tasks.verdict import speed_judged
 
@@ -70,6 +72,37 @@ def recorded_requests(tracker: Tracker, run_id: str) -> tuple[list[float], list[
     with tempfile.TemporaryDirectory() as tmp:
         tracker.client.download_artifacts(run_id, "requests.csv", tmp)
         return per_request(Path(tmp))
+
+
+BESIDE_S = 5.0  # how often an arm measured beside others looks for their results
+
+
+def asked_beside(ask: Callable[[list[float] | None, dict | None], Questions], baseline_tok_s: list[float] | None,
+           candidate: dict | None, tracker: Tracker, experiment_id: str, parent_run_id: str) -> Callable[[], Questions]:
+    """The early stop's questions, ask(baseline's per-request tok/s, candidate's metrics), for an arm measured beside
+    its diagnosis's other arms (spread over hosts): what was not known when it started is read from their MLflow runs
+    once they end well, at most every BESIDE_S. A candidate then settles its tok/s against the baseline, a control
+    its acceptance against the candidate, as they would measured one after another."""
+    known, asked, due = {"baseline": baseline_tok_s, "candidate": candidate}, [ask(baseline_tok_s, candidate)], [0.0]
+
+    def current() -> Questions:
+        if time.monotonic() < due[0] or all(v is not None for v in known.values()):
+            return asked[0]
+        due[0] = time.monotonic() + BESIDE_S
+        where = (f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`specdiag.kind` = 'arm' "
+                 f"and attributes.status = 'FINISHED'")
+        try:
+            for run in tracker.client.search_runs([experiment_id], where):
+                role = run.data.tags.get("specdiag.role")
+                if role == "baseline" and known[role] is None:
+                    known[role] = recorded_requests(tracker, run.info.run_id)[0] or None
+                elif role == "candidate" and known[role] is None:
+                    known[role] = {metric_name(k): v for k, v in run.data.metrics.items()}
+        except (MlflowException, OSError) as exc:  # a blip: asked again at the next request
+            print(f"could not read the arms measured beside this one: {exc}")
+        asked[0] = ask(known["baseline"], known["candidate"])
+        return asked[0]
+    return current
 
 
 def arm_result(tracker: Tracker, run: Run, role: str | None = None) -> ArmResult:

@@ -71,6 +71,8 @@ def test_demo_diagnosis_spread_over_two_hosts_by_prefect_workers(prefect_server,
             name=DeploymentFilterName(any_=["spread"])), flow_run_filter=FlowRunFilter())
     assert sorted(r.state.type.value for r in flow_runs) == ["COMPLETED"] * 3
     assert sorted(r.work_queue_name for r in flow_runs) == sorted(f"host-{h}" for h in hosts.values())
+    # each measured beside the others: its early stop learns their numbers from MLflow as they end (tasks/reuse.py)
+    assert all(r.parameters.get("beside") is True for r in flow_runs), [r.parameters for r in flow_runs]
     for name, run in arms.items():
         core, port = (1, 8012) if hosts[name] == "sshbox" else (0, 8011)
         assert f"taskset -c {core} " in run.data.params["server_cmd"] and f"--port {port}" in run.data.params["server_cmd"]

@@ -94,3 +94,42 @@ def test_each_requests_figures_come_back_from_the_record_as_the_flow_held_them(t
     arm = ArmResult("cand", "candidate", run, True, "", {"acceptance_rate_req": 0.45, "acceptance_rate_req_lo": 0.3,
                                                          "acceptance_rate_req_hi": 0.6}, tok_s, acceptance)
     assert (tmp_path / "acceptance_per_request.png") in draw([arm], tmp_path)
+
+
+def test_an_arm_measured_beside_others_learns_their_numbers_as_their_runs_end(tmp_path, monkeypatch):
+    """Spread over hosts, a candidate starts before the baseline ends, a control before the candidate does: their
+    early stop reads the baseline's per-request tok/s and the candidate's acceptance from MLflow once those runs end
+    well (FINISHED), as if measured one after another; an unfinished run teaches nothing."""
+    from infra.stats import mean_interval
+    from infra.tracking import Tracker
+    from tasks import reuse
+    from tasks.bench import BenchResult, RequestRecord
+    from tasks.verdict import acceptance_interval, questions
+
+    monkeypatch.setattr(reuse, "BESIDE_S", 0.0)
+    tracker = Tracker(f"sqlite:///{tmp_path}/m.db")
+    exp = tracker.experiment("t")
+    parent = tracker.start(exp, "diagnosis", {"specdiag.kind": "diagnosis"})
+    control = reuse.asked_beside(lambda tok_s, cand: questions("control", candidate=cand), None, None, tracker, exp,
+                                 parent)
+    cand = reuse.asked_beside(lambda tok_s, c: questions("candidate", baseline_tok_s=mean_interval(tok_s)[1:]
+                                                         if tok_s else None), None, None, tracker, exp, parent)
+    assert control().rival is None and cand().baseline_tok_s is None
+
+    def arm(role, metrics, records=(), ok=True):
+        run = tracker.start(exp, role, {"specdiag.kind": "arm", "specdiag.role": role, "specdiag.arm": role},
+                            parent=parent)
+        tracker.metrics(run, metrics)
+        if records:
+            tracker.table(run, BenchResult(list(records), 3.0).frame(), "requests.csv")
+        if ok is not None:
+            tracker.finish(run, ok)
+    near_zero = {"acceptance_rate": 0.0, "num_drafts": 93.0}
+    arm("candidate", near_zero, ok=None)  # still running
+    assert control().rival is None
+    base = [RequestRecord(i, True, completion_tokens=64, e2e_ms=3000.0 + 100 * i) for i in range(4)]
+    arm("baseline", {"output_tok_s": 20.0}, base)
+    assert cand().baseline_tok_s == pytest.approx(mean_interval(BenchResult(base, 3.0).request_tok_s())[1:])
+    arm("candidate", near_zero)
+    asks = control()
+    assert asks.rival == pytest.approx(acceptance_interval(near_zero)) and asks.min_drafts == 10
