@@ -78,7 +78,8 @@ BESIDE_S = 5.0  # how often an arm measured beside others looks for their result
 
 
 def asked_beside(ask: Callable[[list[float] | None, dict | None], Questions], baseline_tok_s: list[float] | None,
-           candidate: dict | None, tracker: Tracker, experiment_id: str, parent_run_id: str) -> Callable[[], Questions]:
+                 candidate: dict | None, tracker: Tracker, experiment_id: str,
+                 parent_run_id: str) -> Callable[[], Questions]:
     """The early stop's questions, ask(baseline's per-request tok/s, candidate's metrics), for an arm measured beside
     its diagnosis's other arms (spread over hosts): what was not known when it started is read from their MLflow runs
     once they end well, at most every BESIDE_S. A candidate then settles its tok/s against the baseline, a control
