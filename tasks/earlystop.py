@@ -13,9 +13,8 @@ is compared) need not settle tok/s at all. A drafter served past the positions i
 position_limit) is also asked context_limit's question: its acceptance before that position against past it, from
 each request's own counts. That is settled once both sides hold the verdict's floor of drafts and their intervals
 are apart or both narrow; until then the window goes on (to the cap, where no sequence passes the limit). A token
-or time budget stops the window regardless. Checking after
-every request makes the nominal 95% slightly optimistic; the targets are set tighter than the verdict's margins to
-absorb that.
+or time budget stops the window regardless. Checking after every request makes the nominal 95% slightly optimistic;
+the targets are set tighter than the verdict's margins to absorb that.
 """
 from __future__ import annotations
 
