@@ -61,10 +61,10 @@ def diagnosis(env: dict, tracking: str, *args: str) -> tuple[float, int, str, st
     parent = max((r for r in runs if r.data.tags.get("specdiag.kind") == "diagnosis"), key=lambda r: r.info.start_time)
     arms = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     laps = next((line for line in done.stdout.splitlines() if line.startswith("wall time")), "")
+    measured = [r for r in arms if "specdiag.reused_from" not in r.data.tags]
     stops = "; ".join(f"{r.data.tags['specdiag.arm']} {r.data.tags.get('specdiag.early_stop', 'to the cap')}"
-                      for r in arms if "specdiag.reused_from" not in r.data.tags)  # what ended each window
-    return wall, sum(1 for r in arms if "specdiag.reused_from" not in r.data.tags), parent.data.tags["specdiag.verdict"], \
-        f"{laps}\n  early stops: {stops}"
+                      for r in measured)  # what ended each window
+    return wall, len(measured), parent.data.tags["specdiag.verdict"], f"{laps}\n  early stops: {stops}"
 
 
 def load_times(profile: str, control: str, hosts: list[str], logs: Path) -> list[float]:

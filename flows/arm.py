@@ -28,7 +28,7 @@ from tasks.record import ArmEvidence, ArmResult, arm_run, known_before, record_a
 from tasks.reuse import FINGERPRINT, arm_result, asked_beside
 from tasks.scrape import counter_metrics, log_crosscheck, scrape, spec_totals, spec_window
 from tasks.teardown import stop_unreturned, teardown
-from tasks.verdict import questions
+from tasks.verdict import questions, speed_judged
 
 
 @flow(name="arm", flow_run_name="arm-{arm.name}", log_prints=True)
@@ -120,14 +120,15 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
 
 
 def _asks(arm: Arm, offline, baseline_tok_s, candidate, beside: bool, tracker: Tracker, where: tuple[str, str]):
-    """What the verdict will ask of this arm, for its early stop; learned as the other arms end, where measured beside
-    them (the baseline asks nothing of them)."""
-    def ask(tok_s: list[float] | None, cand: dict | None):
+    """What the verdict will ask of this arm, for its early stop; where measured beside the other arms, learned as the
+    one its questions compare with ends: the candidate for a control, the baseline for an arm whose speed is judged."""
+    def ask(learned: dict):
+        tok_s, cand = learned.get("baseline", baseline_tok_s), learned.get("candidate", candidate)
         return questions(arm.role, offline, mean_interval(tok_s)[1:] if tok_s and len(tok_s) > 1 else None, cand,
                          arm.position_limit, arm.spec.num_speculative_tokens if arm.spec else 1)
-    if beside and arm.role != "baseline":
-        return asked_beside(ask, baseline_tok_s, candidate, tracker, *where)
-    return ask(baseline_tok_s, candidate)
+    wants = {"candidate": candidate} if arm.role == "control" else \
+        {"baseline": baseline_tok_s} if speed_judged(arm.role) and arm.role != "baseline" else {}
+    return asked_beside(ask, wants, tracker, *where) if beside and wants else ask({})
 
 
 def remote_arm(runs: RemoteRuns, host: str, params: dict) -> ArmResult:

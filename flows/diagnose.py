@@ -32,7 +32,7 @@ from infra.tracking import Tracker, check_store, interrupted_where, interruption
 from infra.promptsets import load as load_prompts
 from tasks.compare import compare, comparison_markdown
 from tasks.confirm import confirm, fix_arm
-from tasks.inspect import findings_markdown, inspect_arms
+from tasks.inspect import findings_markdown, inspect_arms, position_limit
 from tasks.offline import offline_eval
 from tasks.plots import plots
 from tasks.report import report
@@ -166,7 +166,7 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
 def _position_limited(arm, findings):
     """An arm served past its drafter's declared positions (static check position_limit): its early stop also asks
     context_limit's question, acceptance before that position against past it."""
-    limit = next((int(f.value) for f in findings.get(arm.name, []) if f.code == "position_limit" and f.value), 0)
+    limit = position_limit(findings.get(arm.name, []))
     return replace(arm, position_limit=limit) if limit else arm
 
 

@@ -261,6 +261,11 @@ def check_positions(d: DrafterSpec, t: TargetSpec, served: int | None) -> list[F
                     float(d.max_positions))]
 
 
+def position_limit(findings: list[Finding]) -> int:
+    """The positions a drafter declares where the server serves more (check_positions' finding), else 0."""
+    return next((int(f.value) for f in findings if f.code == "position_limit" and f.value), 0)
+
+
 def check(fs, path: str, method: str | None, target: TargetSpec, control: str | None = None,
           served: int | None = None) -> list[Finding]:
     """Every static finding for one drafter (and against the control's checkpoint, when one is given). served: the

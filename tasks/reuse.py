@@ -77,17 +77,19 @@ def recorded_requests(tracker: Tracker, run_id: str) -> tuple[list[float], list[
 BESIDE_S = 5.0  # how often an arm measured beside others looks for their results
 
 
-def asked_beside(ask: Callable[[list[float] | None, dict | None], Questions], baseline_tok_s: list[float] | None,
-                 candidate: dict | None, tracker: Tracker, experiment_id: str,
+def asked_beside(ask: Callable[[dict], Questions], known: dict[str, object], tracker: Tracker, experiment_id: str,
                  parent_run_id: str) -> Callable[[], Questions]:
-    """The early stop's questions, ask(baseline's per-request tok/s, candidate's metrics), for an arm measured beside
-    its diagnosis's other arms (spread over hosts): what was not known when it started is read from their MLflow runs
-    once they end well, at most every BESIDE_S. A candidate then settles its tok/s against the baseline, a control
-    its acceptance against the candidate, as they would measured one after another."""
-    known, asked, due = {"baseline": baseline_tok_s, "candidate": candidate}, [ask(baseline_tok_s, candidate)], [0.0]
+    """The early stop's questions, ask(known), for an arm measured beside its diagnosis's other arms (spread over
+    hosts). known: the numbers its questions compare with, by role (the baseline's per-request tok/s, the candidate's
+    metrics), None where not measured when it started: read from those arms' MLflow runs once they end well, at most
+    every BESIDE_S, until none is missing. A candidate then settles its tok/s against the baseline, a control its
+    acceptance against the candidate, as they would measured one after another."""
+    known, due = dict(known), [0.0]
+    asked = [ask(known)]
 
     def current() -> Questions:
-        if time.monotonic() < due[0] or all(v is not None for v in known.values()):
+        missing = [role for role, value in known.items() if value is None]
+        if not missing or time.monotonic() < due[0]:
             return asked[0]
         due[0] = time.monotonic() + BESIDE_S
         where = (f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`specdiag.kind` = 'arm' "
@@ -95,13 +97,13 @@ def asked_beside(ask: Callable[[list[float] | None, dict | None], Questions], ba
         try:
             for run in tracker.client.search_runs([experiment_id], where):
                 role = run.data.tags.get("specdiag.role")
-                if role == "baseline" and known[role] is None:
+                if role == "baseline" and role in missing:
                     known[role] = recorded_requests(tracker, run.info.run_id)[0] or None
-                elif role == "candidate" and known[role] is None:
+                elif role == "candidate" and role in missing:
                     known[role] = {metric_name(k): v for k, v in run.data.metrics.items()}
         except (MlflowException, OSError) as exc:  # a blip: asked again at the next request
             print(f"could not read the arms measured beside this one: {exc}")
-        asked[0] = ask(known["baseline"], known["candidate"])
+        asked[0] = ask(known)
         return asked[0]
     return current
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 from infra.stats import wilson
 from tasks.acceptance import split_at
-from tasks.inspect import Finding
+from tasks.inspect import Finding, position_limit
 from tasks.offline import OfflineResult
 from tasks.record import ArmResult
 from tasks.speedup import k_sweep, speed_models
@@ -239,8 +239,8 @@ def context_limit(c: Case) -> Verdict | None:
     in the same arm: context_limit. Served only beyond it, nothing to compare with: inconclusive, unless acceptance
     is healthy there anyway. Served only within it: an evidence line, and the other rules decide."""
     cand, findings, evidence = c.cand, c.findings.get(c.cand.arm, []), c.evidence
-    limit = next((int(f.value) for f in findings if f.code == "position_limit" and f.value), None)
-    if limit is None:
+    limit = position_limit(findings)
+    if not limit:
         return None
     k, m = max(1, cand.k), cand.metrics
     (wa, wd), (ba, bd) = split_at(m, limit)

@@ -110,10 +110,11 @@ def test_an_arm_measured_beside_others_learns_their_numbers_as_their_runs_end(tm
     tracker = Tracker(f"sqlite:///{tmp_path}/m.db")
     exp = tracker.experiment("t")
     parent = tracker.start(exp, "diagnosis", {"specdiag.kind": "diagnosis"})
-    control = reuse.asked_beside(lambda tok_s, cand: questions("control", candidate=cand), None, None, tracker, exp,
-                                 parent)
-    cand = reuse.asked_beside(lambda tok_s, c: questions("candidate", baseline_tok_s=mean_interval(tok_s)[1:]
-                                                         if tok_s else None), None, None, tracker, exp, parent)
+    control = reuse.asked_beside(lambda known: questions("control", candidate=known["candidate"]),
+                                 {"candidate": None}, tracker, exp, parent)
+    cand = reuse.asked_beside(lambda known: questions("candidate", baseline_tok_s=mean_interval(known["baseline"])[1:]
+                                                      if known["baseline"] else None), {"baseline": None}, tracker, exp,
+                              parent)
     assert control().rival is None and cand().baseline_tok_s is None
 
     def arm(role, metrics, records=(), ok=True):
