@@ -17,8 +17,15 @@ SPEC_METRICS = {"acceptance_rate", "mean_acceptance_length", "num_drafts", "num_
                 "num_accepted_tokens", "acceptance_rate_pos_0", "acceptance_rate_pos_3", "sys/log_draft_tokens"}
 
 
-def test_demo_diagnosis_records_every_arm(cli, mlflow_uri, no_servers_left):
-    done = cli()  # the README's main job, `python flows/diagnose.py`, with every default
+@pytest.fixture
+def mlflow_uri(demo_store, monkeypatch):
+    """This module's diagnoses share the session's demo store: the follow-up reuses the demo diagnosis's arms."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", demo_store)
+    return demo_store
+
+
+def test_demo_diagnosis_records_every_arm(demo, cli, mlflow_uri, no_servers_left):
+    done = demo  # the README's main job, `python flows/diagnose.py`, with every default (tests/conftest.py)
     assert done.returncode == 0, done.output[-3000:]
     assert "# Verdict: `vocab_mismatch`" in done.output and "MLflow:" in done.output
     client, parent, arms = done.client, done.parent, done.arms
