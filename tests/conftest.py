@@ -46,7 +46,7 @@ class Diagnosis:
 def diagnose(mlflow_uri: str, *args: str, timeout: float = 1500, prefect_api: bool = True) -> Diagnosis:
     """Run the README's main command as a subprocess with the CLI's defaults: the default host.workdir (runs/ in the
     project), cache and artifact layout. Only two things are pointed elsewhere, both as a user can: the MLflow store
-    (MLFLOW_TRACKING_URI, so each test reads its own record) and the Prefect API (PREFECT_API_URL: the test session's
+    (MLFLOW_TRACKING_URI, so a test reads the record it wrote) and the Prefect API (PREFECT_API_URL: the test session's
     server, as a user with a persistent Prefect server has it; it saves booting one per command).
     prefect_api=False: no Prefect server configured, as on a fresh machine (the program boots its own)."""
     from prefect.settings import PREFECT_API_URL
@@ -78,6 +78,13 @@ def demo_store(tmp_path_factory) -> str:
     """One MLflow store for the end-to-end tests that build on the demo diagnosis below (tests/e2e): what they
     measure with the demo's settings reuses its arms, as a user's next diagnosis does."""
     return f"sqlite:///{tmp_path_factory.mktemp('demo-store')}/mlflow.db"
+
+
+@pytest.fixture
+def demo_cli(prefect_server, demo_store):
+    """`python flows/diagnose.py ARGS` on the demo store: what it measures with the demo's settings (the baseline, the
+    control) is the demo diagnosis's, reused."""
+    return lambda *args, **kw: diagnose(demo_store, *args, **kw)
 
 
 @pytest.fixture(scope="session")

@@ -17,14 +17,7 @@ SPEC_METRICS = {"acceptance_rate", "mean_acceptance_length", "num_drafts", "num_
                 "num_accepted_tokens", "acceptance_rate_pos_0", "acceptance_rate_pos_3", "sys/log_draft_tokens"}
 
 
-@pytest.fixture
-def mlflow_uri(demo_store, monkeypatch):
-    """This module's diagnoses share the session's demo store: the follow-up reuses the demo diagnosis's arms."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", demo_store)
-    return demo_store
-
-
-def test_demo_diagnosis_records_every_arm(demo, cli, mlflow_uri, no_servers_left):
+def test_demo_diagnosis_records_every_arm(demo, demo_cli, demo_store, no_servers_left):
     done = demo  # the README's main job, `python flows/diagnose.py`, with every default (tests/conftest.py)
     assert done.returncode == 0, done.output[-3000:]
     assert "# Verdict: `vocab_mismatch`" in done.output and "MLflow:" in done.output
@@ -85,15 +78,15 @@ def test_demo_diagnosis_records_every_arm(demo, cli, mlflow_uri, no_servers_left
     from tests.conftest import ROOT
     assert (ROOT / "runs" / parent.info.run_id / "smol-self.server.log").exists()
 
-    _report_through_mlflow_in_chromium(mlflow_uri, done)
+    _report_through_mlflow_in_chromium(demo_store, done)
     # the verdict recomputed from the MLflow record alone (no server) is the one the flow printed, line for line
     again = subprocess.run([sys.executable, "flows/verdict.py", parent.info.run_id], cwd=ROOT, capture_output=True,
-                           text=True, timeout=300, env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri})
+                           text=True, timeout=300, env={**os.environ, "MLFLOW_TRACKING_URI": demo_store})
     assert again.returncode == 0, again.stderr[-2000:]
     printed = done.artifact_text(parent, "verdict.md")
     assert printed in done.output and again.stdout.startswith(printed), (printed, again.stdout)
     assert "recorded `vocab_mismatch`, recomputed `vocab_mismatch`: the same" in again.stdout
-    _follow_up_reuses_the_baseline_and_the_control(cli, done)
+    _follow_up_reuses_the_baseline_and_the_control(demo_cli, done)
     # the Prefect flow run points to its MLflow record, and carries the arms' table
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey

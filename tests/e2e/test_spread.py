@@ -3,9 +3,6 @@
 The hosts are `local` and the loopback sshd (tests/ssh), each server pinned to its own core and port, each host's
 arms run by its own `prefect worker` process on its own work queue. The same diagnosis run in order on one host
 (the session's demo diagnosis, tests/conftest.py) gives the same verdict."""
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,10 +16,10 @@ from infra import embedded
 from infra.browser import mlflow_server
 from infra.config import PROFILES_DIR
 from infra.stack import workers
+from tests.conftest import diagnose
 from tests.ssh.conftest import sshd  # noqa: F401  (the loopback host)
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def spread_profile(sshd, tmp_path: Path) -> str:  # noqa: F811
@@ -39,25 +36,14 @@ def spread_profile(sshd, tmp_path: Path) -> str:  # noqa: F811
     return str(path)
 
 
-def diagnose(api: str, tracking: str, *args: str):
-    env = {**os.environ, "PREFECT_API_URL": api, "MLFLOW_TRACKING_URI": tracking, "PYTHONUNBUFFERED": "1"}
-    done = subprocess.run([sys.executable, "flows/diagnose.py", *args], cwd=ROOT, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1200)
-    client = MlflowClient(tracking)
-    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
-    parent = max((r for r in runs if r.data.tags.get("specdiag.kind") == "diagnosis"), key=lambda r: r.info.start_time)
-    arms = {r.data.tags["specdiag.arm"]: r for r in runs
-            if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
-    return done, parent, arms
-
-
 def test_demo_diagnosis_spread_over_two_hosts_by_prefect_workers(prefect_server, demo, sshd,  # noqa: F811
                                                                   tmp_path, no_servers_left):
     api, profile = PREFECT_API_URL.value(), spread_profile(sshd, tmp_path)
     with mlflow_server(f"sqlite:///{tmp_path}/mlflow.db", artifacts=tmp_path / "artifacts") as tracking, \
             workers(api, "specdiag", ["local", "sshbox"], tmp_path / "workers"):
-        done, parent, arms = diagnose(api, tracking, "--profile", profile, "--hosts", "local", "sshbox", "--fresh")
-        assert done.returncode == 0, done.stdout[-4000:]
+        done = diagnose(tracking, "--profile", profile, "--hosts", "local", "sshbox", "--fresh", timeout=1200)
+        assert done.returncode == 0, done.output[-4000:]
+        parent, arms = done.parent, done.arms
         artifacts = {n: {a.path for a in MlflowClient(tracking).list_artifacts(r.info.run_id)} for n, r in arms.items()}
     assert set(arms) == set(demo.arms) == {"baseline", "smol-permuted", "smol-self"}
     # every arm was measured by a worker, on both hosts, recorded through the one tracking server
@@ -80,4 +66,4 @@ def test_demo_diagnosis_spread_over_two_hosts_by_prefect_workers(prefect_server,
     # the same verdict as the same diagnosis in order on one host (the session's demo diagnosis: same drafters,
     # prompts and settings, its arms one after another in the diagnosis's own process)
     assert parent.data.tags["specdiag.verdict"] == demo.parent.data.tags["specdiag.verdict"]
-    assert parent.data.tags["specdiag.verdict"] in done.stdout
+    assert parent.data.tags["specdiag.verdict"] in done.output

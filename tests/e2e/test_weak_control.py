@@ -7,15 +7,8 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-def mlflow_uri(demo_store, monkeypatch):
-    """The session's demo store: this diagnosis's baseline (the demo's settings) is the demo diagnosis's, reused."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", demo_store)
-    return demo_store
-
-
-def test_a_weak_control_never_turns_a_low_candidate_into_integration(demo, cli, no_servers_left):
-    done = cli("--drafter", "smol-eagle3-scrambled", "--control", "smol-eagle3-weak", "--arms", "smol-eagle3")
+def test_a_weak_control_never_turns_a_low_candidate_into_integration(demo, demo_cli, no_servers_left):
+    done = demo_cli("--drafter", "smol-eagle3-scrambled", "--control", "smol-eagle3-weak", "--arms", "smol-eagle3")
     assert done.returncode == 0, done.output[-3000:]
     assert done.arms["baseline"].data.tags["specdiag.reused_from"] == demo.arms["baseline"].info.run_id
     weak = done.arms["smol-eagle3-weak"].data
