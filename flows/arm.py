@@ -1,10 +1,16 @@
-"""One arm: cleanup -> launch -> wait -> warmup -> scrape -> bench -> scrape -> teardown -> record."""
+"""One server: cleanup -> launch -> wait -> per arm (warmup -> scrape -> bench -> scrape) -> teardown -> record.
+
+Most servers measure one arm. Arms that would start the very same server and whose speed the verdict does not judge
+(a probe that changes only the benchmark: raw_prompts, temperature, thinking) ride on it after the arm that loaded it
+(infra/arms.shared_servers): each in its own MLflow run and window, for one load instead of one each.
+"""
 # No `from __future__ import annotations` here: a served run's process gets this flow's function pickled by value,
 # with only the globals its code uses, so string annotations ('Profile') cannot be resolved there.
 
 import json
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect import flow
@@ -31,92 +37,155 @@ from tasks.teardown import stop_unreturned, teardown
 from tasks.verdict import questions, speed_judged
 
 
+@dataclass(frozen=True)
+class Rider:
+    """An arm measured on another arm's server, after it: its offline numbers and fingerprint go with it."""
+
+    arm: Arm
+    offline: dict[str, float] | None = None
+    fingerprint: dict | None = None
+
+
 @flow(name="arm", flow_run_name="arm-{arm.name}", log_prints=True)
 def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, parent_run_id: str,
             workdir: str, prompts: list[str], offline: dict[str, float] | None = None,
             baseline_tok_s: list[float] | None = None, blockers: list[str] | None = None,
             fingerprint: dict | None = None, candidate: dict[str, float] | None = None,
-            beside: bool = False) -> ArmResult:
+            beside: bool = False, riders: list[Rider] | None = None) -> list[ArmResult]:
     """baseline_tok_s: the baseline arm's per-request tok/s, once measured: the early stop compares with it.
     candidate: the candidate arm's metrics, once measured: a control's early stop compares with its acceptance
     (tasks/verdict/evidence.questions; other roles ignore it).
     blockers: static findings that make a server load pointless; the arm then fails before its server starts.
     fingerprint: what decides the measurement (infra/fingerprint.py): tagged by digest, so a later diagnosis reuses it.
     beside: measured beside the diagnosis's other arms (spread over hosts): what of baseline_tok_s and candidate
-    was not known at its start is read from their MLflow runs as they end (tasks/reuse.asked_beside)."""
-    tracker = Tracker(tracking_uri)
-    run_name, tags = arm_run(arm)
-    if fingerprint:
-        tags[FINGERPRINT] = digest(fingerprint)
-    result = ArmResult(arm.name, arm.role, tracker.start(experiment_id, run_name, tags, parent=parent_run_id),
-                       probe=arm.probe, method=arm.spec.method if arm.spec else "",
-                       k=arm.spec.num_speculative_tokens if arm.spec else 0)
-    if fingerprint:
-        tracker.text(result.run_id, json.dumps(fingerprint, indent=1, sort_keys=True, default=str), "fingerprint.json")
-    bench_cfg = arm.bench_config(cfg)
-    ev, server, params, start = ArmEvidence(metrics=known_before(arm, offline)), None, {}, time.monotonic()
+    was not known at its start is read from their MLflow runs as they end (tasks/reuse.asked_beside).
+    riders: arms measured on this arm's server after it, each in its own run. Returns this arm's result, then each
+    rider's."""
+    tracker, where = Tracker(tracking_uri), (experiment_id, parent_run_id)
+    first = Window.start(tracker, arm, where, offline, fingerprint)
+    windows, server, ready = [first], None, False
     executor, held = executor_for(cfg.host), ExitStack()
     try:
-        if blockers:
-            raise StaticCheckFailed("; ".join(blockers) + " (the server was not started; --force launches anyway)")
-        # one server per host at a time, across flow runs: queued here, held until teardown
-        ev.metrics["host_lock_wait_s"] = held.enter_context(host_lock(cfg.host, cfg.server_port))
-        plan = plan_server(cfg, arm, workdir)
-        params, ev.log_path = plan.params, plan.log_path
-        ev.metrics.update(cleanup(executor, cfg.host))
-        server = launch_server(plan, executor)
-        ev.server_cmd = server.process.command
-        ev.metrics["server_ready_s"] = wait_healthy(server, cfg.health_timeout_s)
-        bench_start = time.monotonic()
-        warmup(server.base_url, bench_cfg, prompts[:cfg.bench.warmup])
-        ev.before = scrape(server)
-        ev.bench = benchmark(server.base_url, bench_cfg, prompts[cfg.bench.warmup:],
-                             spec_window(server, ev.before) if arm.spec else None,
-                             _asks(arm, offline, baseline_tok_s, candidate, beside, tracker,
-                                   (experiment_id, parent_run_id)), arm.name)
-        ev.after = scrape(server)
-        ev.metrics["bench_s"] = time.monotonic() - bench_start
-        ev.metrics.update(counter_metrics(arm.name, ev.before, ev.after, speculative=arm.spec is not None))
-        if cfg.bench.concurrency_sweep:  # load shapes beyond the verdict's window, on the same server
-            ev.sweep = sweep(server.base_url, bench_cfg, prompts[cfg.bench.warmup:],
-                             spec_totals(server) if arm.spec else None)
-            ev.metrics.update(sweep_metrics(ev.sweep))
-        result.ok = True
-    except Exception as exc:  # the arm fails; the diagnosis goes on with the other arms
-        result.error = f"{type(exc).__name__}: {exc}"
-        ev.bench = ev.bench or getattr(exc, "result", None)
-        print(f"[{arm.name}] FAILED: {result.error}")
-    except BaseException as exc:  # Ctrl-C, SIGTERM, a Prefect cancellation: the same teardown, then on up
-        result.interrupted, result.error = interruption(exc), f"interrupted ({signal_name(exc)}) during arm {arm.name}"
-        ev.bench = ev.bench or getattr(exc, "result", None)
-        print(f"[{arm.name}] {result.error}: stopping its server")
-        raise
+        with first.attempt():
+            if blockers:
+                raise StaticCheckFailed("; ".join(blockers) + " (the server was not started; --force launches anyway)")
+            # one server per host at a time, across flow runs: queued here, held until teardown
+            first.ev.metrics["host_lock_wait_s"] = held.enter_context(host_lock(cfg.host, cfg.server_port))
+            plan = plan_server(cfg, arm, workdir)
+            first.params, first.ev.log_path = plan.params, plan.log_path
+            first.ev.metrics.update(cleanup(executor, cfg.host))
+            server = launch_server(plan, executor)
+            first.ev.server_cmd = server.process.command
+            first.ev.metrics["server_ready_s"] = wait_healthy(server, cfg.health_timeout_s)
+            ready = True
+            first.measure(cfg, server, prompts, _asks(arm, offline, baseline_tok_s, candidate, beside, tracker, where))
+        for rider in riders or []:  # the same server, one window each
+            windows.append(w := Window.start(tracker, rider.arm, where, rider.offline, rider.fingerprint))
+            with w.attempt():
+                w.params = {**plan_server(cfg, rider.arm, workdir).params, "server_shared_with": arm.name}
+                w.ev.server_cmd, w.ev.log_path = first.ev.server_cmd, first.ev.log_path
+                if not ready:
+                    raise ServerNotReady(f"it rides on {arm.name}'s server, which did not come up: {first.result.error}")
+                w.measure(cfg, server, prompts, _asks(rider.arm, rider.offline, baseline_tok_s, candidate, False,
+                                                       tracker, where))
     finally:
         if server is not None:
             try:
-                ev.metrics["shm_files_removed"] = teardown(server)
+                first.ev.metrics["shm_files_removed"] = teardown(server)
             except Exception as exc:
-                result.ok, result.error = False, f"{result.error}\nteardown: {exc}".strip()
+                first.result.ok, first.result.error = False, f"{first.result.error}\nteardown: {exc}".strip()
         else:
             stop_unreturned(executor, arm.name)
         held.close()  # the host is free for the next server
-        log_text = executor.read_tail(ev.log_path, 1 << 20) if ev.log_path else ""
-        ev.engine_version = vllm.parse_engine_version(log_text) or ""
-        if ev.before:
-            ev.metrics.update(log_crosscheck(executor, ev.log_path, ev.before))
-        if ev.log_path and executor.host != "local":  # the log lands in MLflow from a local copy
-            ev.log_path = str(_fetch(executor, ev.log_path, local_dir(parent_run_id)))
+        _finish(tracker, executor, windows, parent_run_id)
+    return [w.result for w in windows]
+
+
+@dataclass
+class Window:
+    """One arm's measurement on a server: its MLflow run, what it measured, and when it began."""
+
+    arm: Arm
+    result: ArmResult
+    ev: ArmEvidence
+    params: dict = field(default_factory=dict)
+    began: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def start(cls, tracker: Tracker, arm: Arm, where: tuple[str, str], offline, fingerprint) -> "Window":
+        run_name, tags = arm_run(arm)
+        if fingerprint:
+            tags[FINGERPRINT] = digest(fingerprint)
+        result = ArmResult(arm.name, arm.role, tracker.start(where[0], run_name, tags, parent=where[1]),
+                           probe=arm.probe, method=arm.spec.method if arm.spec else "",
+                           k=arm.spec.num_speculative_tokens if arm.spec else 0)
+        if fingerprint:
+            tracker.text(result.run_id, json.dumps(fingerprint, indent=1, sort_keys=True, default=str),
+                         "fingerprint.json")
+        return cls(arm, result, ArmEvidence(metrics=known_before(arm, offline)))
+
+    @contextmanager
+    def attempt(self):
+        """A failure fails this arm, and the server's other arms go on; Ctrl-C, SIGTERM or a Prefect cancellation
+        ends it as interrupted and goes on up (the server is stopped on the way)."""
+        try:
+            yield
+            self.result.ok = True
+        except Exception as exc:
+            self.result.error = f"{type(exc).__name__}: {exc}"
+            self.ev.bench = self.ev.bench or getattr(exc, "result", None)
+            print(f"[{self.arm.name}] FAILED: {self.result.error}")
+        except BaseException as exc:
+            self.result.interrupted = interruption(exc)
+            self.result.error = f"interrupted ({signal_name(exc)}) during arm {self.arm.name}"
+            self.ev.bench = self.ev.bench or getattr(exc, "result", None)
+            print(f"[{self.arm.name}] {self.result.error}: stopping its server")
+            raise
+
+    def measure(self, cfg: Profile, server, prompts: list[str], asks) -> None:
+        ev, bench_cfg, bench_start = self.ev, self.arm.bench_config(cfg), time.monotonic()
+        warmup(server.base_url, bench_cfg, prompts[:cfg.bench.warmup])
+        ev.before = scrape(server)
+        ev.bench = benchmark(server.base_url, bench_cfg, prompts[cfg.bench.warmup:],
+                             spec_window(server, ev.before) if self.arm.spec else None, asks, self.arm.name)
+        ev.after = scrape(server)
+        ev.metrics["bench_s"] = time.monotonic() - bench_start
+        ev.metrics.update(counter_metrics(self.arm.name, ev.before, ev.after, speculative=self.arm.spec is not None))
+        if cfg.bench.concurrency_sweep:  # load shapes beyond the verdict's window, on the same server
+            ev.sweep = sweep(server.base_url, bench_cfg, prompts[cfg.bench.warmup:],
+                             spec_totals(server) if self.arm.spec else None)
+            ev.metrics.update(sweep_metrics(ev.sweep))
+
+
+def _finish(tracker: Tracker, executor, windows: list[Window], parent_run_id: str) -> None:
+    """After teardown: the server's log (fetched from a remote host) and each window's figures into its run. Each
+    window's wall time runs until the next one began; the last one's includes the teardown."""
+    log_path = windows[0].ev.log_path
+    log_text = executor.read_tail(log_path, 1 << 20) if log_path else ""
+    version = vllm.parse_engine_version(log_text) or ""
+    if log_path and executor.host != "local":  # the log lands in MLflow from a local copy
+        log_path = str(_fetch(executor, log_path, local_dir(parent_run_id)))
+    ends = [w.began for w in windows[1:]] + [time.monotonic()]
+    for w, end in zip(windows, ends):
+        ev, m = w.ev, w.ev.metrics
+        ev.engine_version = version
+        if ev.before and len(windows) == 1:  # a shared server's summary lines mix its arms' windows
+            m.update(log_crosscheck(executor, ev.log_path, ev.before))
+        ev.log_path = log_path if ev.log_path else ""
         if ev.bench:
-            ev.metrics.update(ev.bench.summary() | request_metrics(ev.bench.records))
-            result.request_tok_s = ev.bench.request_tok_s()
-            result.request_acceptance = request_acceptance(ev.bench.records)
-        ev.metrics["arm_wall_s"] = time.monotonic() - start
-        ev.metrics["overhead_s"] = ev.metrics["arm_wall_s"] - ev.metrics.get("server_ready_s", 0.0) \
-            - ev.metrics.get("bench_s", 0.0) - ev.metrics.get("host_lock_wait_s", 0.0)
-        result.metrics = ev.metrics
-        record_arm(tracker, result, params, ev)
-        executor.close()
-    return result
+            m.update(ev.bench.summary() | request_metrics(ev.bench.records))
+            w.result.request_tok_s = ev.bench.request_tok_s()
+            w.result.request_acceptance = request_acceptance(ev.bench.records)
+        m["arm_wall_s"] = end - w.began
+        m["overhead_s"] = m["arm_wall_s"] - m.get("server_ready_s", 0.0) - m.get("bench_s", 0.0) \
+            - m.get("host_lock_wait_s", 0.0)
+        w.result.metrics = m
+        try:
+            record_arm(tracker, w.result, w.params, ev)
+        except Exception as exc:  # this run ends FAILED; the server's other arms are still recorded
+            w.result.ok, w.result.error = False, f"{w.result.error}\nrecording: {exc}".strip()
+            print(f"[{w.arm.name}] recording failed: {exc}")
+    executor.close()
 
 
 def _asks(arm: Arm, offline, baseline_tok_s, candidate, beside: bool, tracker: Tracker, where: tuple[str, str]):
@@ -131,10 +200,14 @@ def _asks(arm: Arm, offline, baseline_tok_s, candidate, beside: bool, tracker: T
     return asked_beside(ask, wants, tracker, *where) if beside and wants else ask({})
 
 
-def remote_arm(runs: RemoteRuns, host: str, params: dict) -> ArmResult:
-    """run_arm(**params) by the worker of HOST (infra/spread.py), read back from the MLflow run it recorded."""
-    arm, tracker = params["arm"], Tracker(params["tracking_uri"])
-    flow_run = runs.run(host, TypeAdapter(dict).dump_python(params, mode="json"), arm.name)
+def remote_arm(runs: RemoteRuns, host: str, params: dict) -> list[ArmResult]:
+    """run_arm(**params) by the worker of HOST (infra/spread.py), read back from the MLflow runs it recorded."""
+    tracker, arms = Tracker(params["tracking_uri"]), [params["arm"], *(r.arm for r in params.get("riders") or [])]
+    flow_run = runs.run(host, TypeAdapter(dict).dump_python(params, mode="json"), params["arm"].name)
+    return [_read_back(tracker, params, arm, flow_run, host) for arm in arms]
+
+
+def _read_back(tracker: Tracker, params: dict, arm: Arm, flow_run, host: str) -> ArmResult:
     where = (f"tags.mlflow.parentRunId = '{params['parent_run_id']}' and tags.`specdiag.arm` = '{arm.name}' "
              f"and tags.`specdiag.kind` = 'arm'")
     found = tracker.client.search_runs([params["experiment_id"]], where, order_by=["attributes.start_time DESC"],
@@ -153,6 +226,10 @@ def remote_arm(runs: RemoteRuns, host: str, params: dict) -> ArmResult:
 
 class StaticCheckFailed(Exception):
     """A checkpoint fault that the engine would refuse or serve wrongly, found before the server load."""
+
+
+class ServerNotReady(Exception):
+    """The server an arm rides on did not come up (its loading arm failed before it was healthy)."""
 
 
 def _fetch(executor, path: str, dest_dir: Path) -> Path:

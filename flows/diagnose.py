@@ -23,9 +23,9 @@ from prefect import flow  # noqa: E402
 from prefect.exceptions import TerminationSignal  # noqa: E402
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings  # noqa: E402
 
-from flows.arm import remote_arm, run_arm
+from flows.arm import Rider, remote_arm, run_arm
 from infra import spread
-from infra.arms import plan_arms, resolved_drafters, resolved_target, run_dir, validate_inputs
+from infra.arms import plan_arms, resolved_drafters, resolved_target, run_dir, shared_servers, validate_inputs
 from infra.config import PROJECT_ROOT, DrafterRef, NoControl, ProfileRef, SpecdiagError, load_profile
 from infra.fingerprint import digest
 from infra.tracking import Tracker, check_store, interrupted_where, interruption, signal_name, tracking_uri
@@ -38,7 +38,7 @@ from tasks.plots import plots
 from tasks.report import report
 from tasks.reuse import fingerprints, newest_match, rerun_inputs, reuse_arm
 from tasks.record import ArmResult
-from tasks.verdict import verdict
+from tasks.verdict import speed_judged, verdict
 
 
 def prepare(profile: str = "demo", overrides: dict | None = None, sets: list[str] | None = None):
@@ -138,29 +138,34 @@ def _hosts(cfg) -> dict:
 
 def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, runs) -> list[ArmResult]:
     """Every arm, in order here on the profile's host, or by the workers of spread.hosts (runs: their flow runs):
-    each next arm to the first free host. A drafter arm waits for the offline evaluation (its numbers go with it);
-    the baseline does not."""
+    each next server to the first free host, with the arms that ride on it (infra/arms.shared_servers). A drafter arm
+    waits for the offline evaluation (its numbers go with it); the baseline does not. Results in the plan's order."""
     on = _hosts(cfg)
     drafters = [_position_limited(a, findings) for a in drafters]
     prints = {h: fingerprints(c, drafters, target, prompts) for h, c in on.items()}
+    blockers = {a.name: [] if cfg.force else [f"{f.code}: {f.message}" for f in findings.get(a.name, []) if f.gating]
+                for a in drafters}
     results: list[ArmResult] = []  # as they end: a later arm's early stop compares with the baseline's tok/s
 
-    def one(arm, host):
-        blockers = [] if cfg.force else [f"{f.code}: {f.message}" for f in findings.get(arm.name, []) if f.gating]
-        with tracker.interrupts(where[1], arm.name):
-            offline = evaluating.result().metrics.get(arm.name) if arm.spec else None
-            result = _measure(on[host], arm, tracker, where, prompts, offline, results, blockers,
-                              prints[host].get(arm.name), runs, host)
-        results.append(result)
-        return result
+    def one(group, host):
+        with tracker.interrupts(where[1], ", ".join(a.name for a in group)):
+            offline = {a.name: evaluating.result().metrics.get(a.name) if a.spec else None for a in group}
+            measured = _measure(on[host], group, tracker, where, prompts, offline, results, blockers, prints[host],
+                                runs, host)
+        results.extend(measured)
+        return measured
+    groups = shared_servers(drafters, lambda a: not speed_judged(a.role) and not blockers[a.name])
     if not runs:  # in order, the baseline first, in this thread: Ctrl-C reaches the arm's own teardown
-        return [one(arm, cfg.host.name) for arm in drafters]
-    try:
-        with tracker.interrupts(where[1], f"{', '.join(a.name for a in drafters)} (spread over {', '.join(on)})"):
-            return spread.dispatch(list(on), drafters, one)
-    except BaseException:  # Ctrl-C, SIGTERM: each worker stops its arm, whose teardown stops the server
-        runs.cancel()
-        raise
+        done = [r for g in groups for r in one(g, cfg.host.name)]
+    else:
+        try:
+            with tracker.interrupts(where[1], f"{', '.join(a.name for a in drafters)} (spread over {', '.join(on)})"):
+                done = [r for rs in spread.dispatch(list(on), groups, one) for r in rs]
+        except BaseException:  # Ctrl-C, SIGTERM: each worker stops its arm, whose teardown stops the server
+            runs.cancel()
+            raise
+    order = [a.name for a in drafters]
+    return sorted(done, key=lambda r: order.index(r.arm))
 
 
 def _position_limited(arm, findings):
@@ -170,25 +175,34 @@ def _position_limited(arm, findings):
     return replace(arm, position_limit=limit) if limit else arm
 
 
-def _measure(cfg, arm, tracker, where, prompts, offline, results, blockers, fingerprint, runs=None, host=""):
-    """The arm reused from MLflow where an arm with its fingerprint succeeded before, else measured on a server:
-    here, or by the worker of its host (runs: the spread's flow runs)."""
+def _measure(cfg, group, tracker, where, prompts, offline, results, blockers, prints, runs=None,
+             host="") -> list[ArmResult]:
+    """Each arm of the group reused from MLflow where an arm with its fingerprint succeeded before; the others measured
+    on one server, the first loading it: here, or by the worker of its host (runs: the spread's flow runs)."""
     experiment, parent = where
-    found = newest_match(tracker, digest(fingerprint), cfg.reuse.max_age_h) \
-        if fingerprint and cfg.reuse.enabled and not blockers else None
-    if found:
-        return reuse_arm(tracker, found, arm, experiment, parent, offline)
+    out, todo = [], []
+    for arm in group:
+        fingerprint = prints.get(arm.name)
+        found = newest_match(tracker, digest(fingerprint), cfg.reuse.max_age_h) \
+            if fingerprint and cfg.reuse.enabled and not blockers.get(arm.name) else None
+        if found:
+            out.append(reuse_arm(tracker, found, arm, experiment, parent, offline.get(arm.name)))
+        else:
+            todo.append(arm)
+    if not todo:
+        return out
+    arm, riders = todo[0], [Rider(a, offline.get(a.name), prints.get(a.name)) for a in todo[1:]]
     base = next((r.request_tok_s for r in results if r.role == "baseline" and r.ok), None)
     cand = next((r.metrics for r in results if r.role == "candidate" and r.ok), None)
     params = dict(cfg=cfg, arm=arm, tracking_uri=tracker.uri, experiment_id=experiment, parent_run_id=parent,
-                  workdir=run_dir(cfg, parent), prompts=prompts, offline=offline, baseline_tok_s=base,
-                  blockers=blockers, fingerprint=fingerprint, candidate=cand)
+                  workdir=run_dir(cfg, parent), prompts=prompts, offline=offline.get(arm.name), baseline_tok_s=base,
+                  blockers=blockers.get(arm.name), fingerprint=prints.get(arm.name), candidate=cand, riders=riders)
     if runs:  # measured beside the other arms: it learns their numbers as they end
-        return remote_arm(runs, host, {**params, "beside": True})
+        return out + remote_arm(runs, host, {**params, "beside": True})
     # The diagnosis's own flow run beats for this process; an arm's own heartbeat thread would hold its end for up to
     # a second (Prefect joins it after its current 1 s sleep), every arm.
     with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-        return run_arm(**params)
+        return out + run_arm(**params)
 
 
 def _confirmed(cfg, decision, drafters, results, tracker, where, prompts, runs=None):
@@ -199,8 +213,8 @@ def _confirmed(cfg, decision, drafters, results, tracker, where, prompts, runs=N
     if arm:
         host, on = next(iter(_hosts(cfg).items()))
         with tracker.interrupts(parent, arm.name):
-            results.append(_measure(on, resolved_drafters([arm])[0], tracker, where, prompts, None, results, [], None,
-                                    runs, host))
+            results += _measure(on, [resolved_drafters([arm])[0]], tracker, where, prompts, {}, results, {}, {},
+                                runs, host)
     return confirm(tracker, parent, decision, results, why), compare(tracker, parent, results)
 
 

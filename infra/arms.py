@@ -8,7 +8,7 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import Callable, Literal
 
 from infra import embedded, registry, vllm
 from infra.eagle3 import with_mapping
@@ -155,6 +155,26 @@ PROBES = {"k_sweep": _k_sweep, "graphs": _graphs, "raw_prompts": _raw_prompts, "
 
 def probe_arms(profile: Profile, cand: Arm, ctrl: Arm | None) -> list[Arm]:
     return [arm for probe in profile.probes for arm in PROBES[probe](profile, cand, ctrl)]
+
+
+def same_server(a: Arm, b: Arm) -> bool:
+    """Whether two arms' servers are the same command: the same drafter served the same way on the same target
+    arguments. A probe that changes only the benchmark (raw_prompts, temperature, thinking) serves the candidate's."""
+    return (a.spec, a.target_args, a.mapping_from) == (b.spec, b.target_args, b.mapping_from)
+
+
+def shared_servers(arms: list[Arm], may_ride: Callable[[Arm], bool]) -> list[list[Arm]]:
+    """The arms grouped by server, each group in the order its first arm comes: one load serves the group, its first
+    arm measured first, then each arm that may ride (may_ride: one whose speed the verdict does not judge, since the
+    server has served the same prompts before it) on the first earlier group whose server is the same."""
+    groups: list[list[Arm]] = []
+    for arm in arms:
+        host = next((g for g in groups if may_ride(arm) and same_server(g[0], arm)), None) if arm.spec else None
+        if host:
+            host.append(arm)
+        else:
+            groups.append([arm])
+    return groups
 
 
 def validate_inputs(profile: Profile, arms: list[Arm]) -> None:

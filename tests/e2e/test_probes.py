@@ -1,6 +1,7 @@
 """Every probe that changes how the candidate is served or benchmarked, against the real engine, in one diagnosis of
 the cheapest candidate (n-gram lookup: no drafter weights to load). Each probe arm is the candidate with one thing
-changed; the arm's run records the change, the engine takes it, and the verdict reads the arm."""
+changed; the arm's run records the change, the engine takes it, and the verdict reads the arm. A probe that changes
+only the benchmark rides on the candidate's server."""
 import json
 import re
 
@@ -34,6 +35,14 @@ def test_each_probe_serves_the_candidate_with_one_thing_changed(cli, no_servers_
     assert params["ngram@raw"]["bench_endpoint"] == "completions" and params["ngram"]["bench_endpoint"] == "chat"
     assert params["ngram@T=1"]["bench_temperature"] == "1.0"
     assert json.loads(params["ngram@enable_thinking=false"]["bench_chat_template_kwargs"]) == {"enable_thinking": False}
+    # the probes that change only the benchmark are measured on the candidate's own server, after it: one load for
+    # the four of them, each in its own run and window; k_sweep and graphs each load their own
+    riders = {"ngram@raw", "ngram@T=1", "ngram@enable_thinking=false"}
+    assert {a for a in arms if params[a].get("server_shared_with") == "ngram"} == riders
+    assert all(params[a]["server_cmd"] == params["ngram"]["server_cmd"] for a in riders)
+    launches = sorted(re.search(r"\[(\S+)\] launched pid", ln)[1] for ln in done.output.splitlines()
+                      if "] launched pid" in ln)
+    assert launches == sorted(["baseline", "ngram", "ngram@k=2", "ngram@graphs"]), launches
     verdict = done.artifact_text(done.parent, "verdict.md")
     # k_sweep: predicted vs measured speedup at each k, and the k with the best measured speedup named
     sweep = next(ln for ln in verdict.splitlines() if ln.startswith("- k_sweep:"))

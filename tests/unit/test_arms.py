@@ -3,7 +3,7 @@ import socket
 
 import pytest
 
-from infra.arms import infer_method, plan_arms, plan_server, resolve_arm, validate_inputs
+from infra.arms import infer_method, plan_arms, plan_server, resolve_arm, shared_servers, validate_inputs
 from infra.config import SpecdiagError, load_profile
 
 
@@ -20,6 +20,25 @@ def test_arms_run_in_order_baseline_candidate_control_extras():
         ("baseline", "baseline"), ("smol-permuted", "candidate"), ("smol-self", "control"),
         ("ngram", "extra"), ("smol-noisy", "extra")]
     assert arms[0].spec is None and arms[0].drafter is None
+
+
+def test_probes_that_change_only_the_benchmark_ride_on_the_candidates_server(tmp_path):
+    """raw_prompts, temperature and thinking serve the candidate exactly as it is served (the same command line):
+    one load for the candidate and them. k_sweep (another k) and graphs (other target arguments) need their own
+    server; so do arms whose speed the verdict judges (the server has served the same prompts before them)."""
+    p = load_profile("demo", {"drafter": "ngram", "arms": ["smol-noisy"]},
+                     ["probes=[k_sweep, graphs, raw_prompts, temperature, thinking]", "k_sweep=[2]"])
+    arms = plan_arms(p)
+    judged = {"baseline", "candidate", "extra"}
+    groups = shared_servers(arms, lambda a: a.role not in judged)
+    assert [[a.name for a in g] for g in groups] == [
+        ["baseline"], ["ngram", "ngram@raw", "ngram@T=1", "ngram@enable_thinking=false"], ["smol-self"],
+        ["smol-noisy"], ["ngram@k=2"], ["ngram@graphs"]]
+    for g in groups:  # each rider's own server command would be the one it rides on, to the byte
+        assert {tuple(plan_server(p, a, tmp_path).argv) for a in g} == {tuple(plan_server(p, g[0], tmp_path).argv)}
+    assert len({tuple(plan_server(p, g[0], tmp_path).argv) for g in groups}) == len(groups)
+    # an arm that may not ride (its speed judged, or a static finding blocks it) gets its own server
+    assert [len(g) for g in shared_servers(arms, lambda a: False)] == [1] * len(arms)
 
 
 def test_unknown_drafter_lists_known_ones():

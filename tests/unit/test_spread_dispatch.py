@@ -80,8 +80,8 @@ def test_a_confirm_arm_of_a_spread_diagnosis_goes_to_a_spread_hosts_worker(monke
 
     cfg = load_profile("demo", {"drafter": "ngram", "confirm": True}, TWO_HOSTS + ["host=local"])
     measured = []
-    monkeypatch.setattr(d, "_measure", lambda on, arm, *a: measured.append((on, arm, a)) or
-                        ArmResult(arm.name, arm.role, "run-fix", True))
+    monkeypatch.setattr(d, "_measure", lambda on, group, *a: measured.append((on, *group, a)) or
+                        [ArmResult(group[0].name, group[0].role, "run-fix", True)])
     monkeypatch.setattr(d, "confirm", lambda tracker, parent, v, results, why: v)
     monkeypatch.setattr(d, "compare", lambda tracker, parent, results: None)
     runs = spread.RemoteRuns(cfg.spread.deployment, cfg.spread.pool)
