@@ -92,8 +92,11 @@ def plan_arms(profile: Profile) -> list[Arm]:
     arms += probe_arms(profile, arms[1], arms[2] if profile.control else None)
     names = [a.name for a in arms]
     dupes = sorted({n for n in names if names.count(n) > 1})
+    if profile.control and arms[1].name == arms[2].name:  # e.g. --drafter aqmedai on a profile whose control it is
+        raise SpecdiagError(f"{arms[1].name!r} is both the candidate (--drafter) and the profile's control: name "
+                            "another control with --control NAME, or run without one (--no-control)")
     if dupes:
-        raise SpecdiagError(f"arm(s) {', '.join(dupes)} appear twice: each arm must be distinct")
+        raise SpecdiagError(f"arm(s) {', '.join(dupes)} appear twice: each arm must be distinct (drop it from --arms)")
     return arms
 
 

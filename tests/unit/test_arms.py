@@ -49,6 +49,11 @@ def test_unknown_drafter_lists_known_ones():
 def test_duplicate_arms_are_refused():
     with pytest.raises(SpecdiagError, match="appear twice"):
         plan_arms(load_profile("demo", {"arms": ["smol-self"]}))
+    # the seed's own command on its profile: aqmedai is kimi-k25's control; the error names the way out
+    with pytest.raises(SpecdiagError, match="'aqmedai' is both the candidate.*--control NAME.*--no-control"):
+        plan_arms(load_profile("kimi-k25", {"drafter": "aqmedai"}))
+    assert [a.role for a in plan_arms(load_profile("kimi-k25", {"drafter": "aqmedai", "control": ""}))] == [
+        "baseline", "candidate"]
 
 
 def test_checkpoint_path_infers_method_and_names_arm_after_folder(tmp_path):
