@@ -81,6 +81,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
             first.measure(cfg, server, prompts, _asks(arm, offline, baseline_tok_s, candidate, beside, tracker, where))
         for rider in riders or []:  # the same server, one window each
             windows.append(w := Window.start(tracker, rider.arm, where, rider.offline, rider.fingerprint))
+            w.result.served_with = arm.name
             with w.attempt():
                 w.params = {**plan_server(cfg, rider.arm, workdir).params, "server_shared_with": arm.name}
                 w.ev.server_cmd, w.ev.log_path = first.ev.server_cmd, first.ev.log_path

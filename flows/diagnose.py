@@ -100,9 +100,7 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
         report(tracker, parent, experiment, results, decision, static, plots(tracker, parent, results), title)
         tracker.metrics(parent, laps.lap("finish_s"))
     print("\n" + table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(f"\nwall time {laps['diagnosis_wall_s']:.0f} s ({laps.line()}); per arm: " + ", ".join(
-        f"{r.arm} reused" if r.reused_from else f"{r.arm} {r.metrics.get('server_ready_s', 0):.0f} s ready + "
-        f"{r.metrics.get('bench_s', 0):.0f} s bench + {r.metrics.get('overhead_s', 0):.0f} s other" for r in results))
+    print(f"\nwall time {laps['diagnosis_wall_s']:.0f} s ({laps.line()}); per arm: " + ", ".join(map(_spent, results)))
     for r in results:
         if not r.ok:
             print(f"arm {r.arm} FAILED: {r.error.splitlines()[0]}")
@@ -111,6 +109,14 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
     print("\n" + decision.markdown())
     print(f"\nMLflow: {tracker.run_url(experiment, parent)}")
     return results
+
+
+def _spent(r: ArmResult) -> str:
+    """Where an arm's time went, for the closing line."""
+    if r.reused_from:
+        return f"{r.arm} reused"
+    load = f"on {r.served_with}'s server" if r.served_with else f"{r.metrics.get('server_ready_s', 0):.0f} s ready"
+    return f"{r.arm} {load} + {r.metrics.get('bench_s', 0):.0f} s bench + {r.metrics.get('overhead_s', 0):.0f} s other"
 
 
 class Laps(dict):

@@ -32,7 +32,8 @@ def stream_metrics(r: ArmResult, base: ArmResult | None) -> dict[str, float]:
 
 
 def measured(r: ArmResult) -> str:
-    return f"reused {r.reused_from}" if r.reused_from else "now"
+    return f"reused {r.reused_from}" if r.reused_from else f"now, on {r.served_with}'s server" if r.served_with \
+        else "now"
 
 
 def comparison_table(results: list[ArmResult]) -> pd.DataFrame:

@@ -27,6 +27,7 @@ class ArmResult:
     k: int = 0  # num_speculative_tokens; 0 for the baseline
     interrupted: bool = False  # stopped by Ctrl-C, SIGTERM or a Prefect cancellation: the run ends KILLED
     reused_from: str = ""  # "<run id> (<when>)" when an earlier measurement with the same fingerprint stands in
+    served_with: str = ""  # the arm whose server it was measured on, after that arm (flows/arm.py riders)
 
 
 @dataclass

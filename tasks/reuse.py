@@ -117,7 +117,7 @@ def arm_result(tracker: Tracker, run: Run, role: str | None = None) -> ArmResult
                      *recorded_requests(tracker, run.info.run_id), "" if tags.get("specdiag.probe") == "none" else
                      tags.get("specdiag.probe", ""), "" if params.get("spec_method", "none") == "none" else
                      params["spec_method"], int(params.get("num_speculative_tokens", 0)),
-                     reused_from=tags.get(REUSED_FROM, ""))
+                     reused_from=tags.get(REUSED_FROM, ""), served_with=params.get("server_shared_with", ""))
 
 
 @task(name="reuse-arm", cache_policy=NO_CACHE)

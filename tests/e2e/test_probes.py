@@ -43,6 +43,9 @@ def test_each_probe_serves_the_candidate_with_one_thing_changed(cli, no_servers_
     launches = sorted(re.search(r"\[(\S+)\] launched pid", ln)[1] for ln in done.output.splitlines()
                       if "] launched pid" in ln)
     assert launches == sorted(["baseline", "ngram", "ngram@k=2", "ngram@graphs"]), launches
+    for a in riders:  # the printed table and the closing line say where each rider was measured
+        assert "now, on ngram's server" in next(ln for ln in done.output.splitlines() if ln.split()[:1] == [a])
+        assert f"{a} on ngram's server + " in done.output
     verdict = done.artifact_text(done.parent, "verdict.md")
     # k_sweep: predicted vs measured speedup at each k, and the k with the best measured speedup named
     sweep = next(ln for ln in verdict.splitlines() if ln.startswith("- k_sweep:"))
