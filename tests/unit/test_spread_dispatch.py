@@ -93,3 +93,22 @@ def test_a_confirm_arm_of_a_spread_diagnosis_goes_to_a_spread_hosts_worker(monke
     (on, arm, rest), = measured
     assert arm.role == "confirm" and arm.spec.num_speculative_tokens == 2
     assert on.host.name == "gpu1" and rest[-2:] == (runs, "gpu1")  # by gpu1's worker, as gpu1 serves
+
+
+def test_the_arms_riding_on_a_spread_arms_server_reach_its_worker_as_planned():
+    """Spread, a server's group is one flow run of the arm deployment: its parameters go as JSON to the worker, whose
+    flow validates them back. The riders (probes on the candidate's server) must arrive equal to the plan, with their
+    own benchmark settings, offline numbers and fingerprints."""
+    from pydantic import TypeAdapter
+
+    from flows.arm import Rider, run_arm
+    from infra.arms import shared_servers
+
+    cfg = load_profile("demo", {"drafter": "ngram", "control": ""}, ["probes=[raw_prompts, temperature, k_sweep]"])
+    server, *_ = [g for g in shared_servers(plan_arms(cfg), lambda a: a.role == "probe") if len(g) > 1]
+    riders = [Rider(a, {"offline_acceptance_rate": 0.5}, {"bench": a.name}) for a in server[1:]]
+    params = dict(cfg=cfg, arm=server[0], tracking_uri="http://mlflow:5000", experiment_id="1", parent_run_id="p",
+                  workdir="/w", prompts=["a"], riders=riders, beside=True)
+    back = run_arm.validate_parameters(TypeAdapter(dict).dump_python(params, mode="json"))
+    assert [r.arm.name for r in back["riders"]] == ["ngram@raw", "ngram@T=1"] and back["riders"] == riders
+    assert back["riders"][0].arm.bench_config(back["cfg"]).endpoint == "completions"
