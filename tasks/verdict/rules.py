@@ -222,16 +222,24 @@ PROBE_CAUSES = {
 
 def probes(c: Case) -> Verdict | None:
     """One probe arm changed one thing; a large, significant change names the cause. A probe that changes nothing
-    clear stays in the evidence: that thing was checked."""
-    quiet = []
+    clear stays in the evidence: that thing was checked. Where several probes change acceptance, the first in the
+    plan names the cause and each other one is stated beside it, with its own cause and fix: both hold."""
+    fired, quiet = [], []
     for p in (r for r in c.results if r.role == "probe" and r.ok and r.probe in PROBE_CAUSES):
         both, cause, why, fix = PROBE_CAUSES[p.probe]
-        line = probe_line(p)
         if differs(p.metrics, c.m) or (both and differs(c.m, p.metrics)):
-            return Verdict(cause, c.evidence + [line, why], fix, {"confirmed_by": f"the probe arm {p.arm}"})
-        quiet.append(f"{line}: no clear difference from the candidate")
-    c.evidence += quiet
-    return None
+            fired.append((p, cause, why, fix))
+        else:
+            quiet.append(f"{probe_line(p)}: no clear difference from the candidate")
+    if not fired:
+        c.evidence += quiet
+        return None
+    (p, cause, why, fix), *more = fired
+    also = [f"{probe_line(q)}: far from the candidate too, `{q_cause}` as well: {q_why}"
+            for q, q_cause, q_why, _ in more]
+    fixes = "".join(f"; and for `{q_cause}` ({q.arm}): {q_fix}" for q, q_cause, _, q_fix in more)
+    return Verdict(cause, c.evidence + [probe_line(p), why, *also, *quiet], fix + fixes,
+                   {"confirmed_by": f"the probe arm {p.arm}"})
 
 
 def context_limit(c: Case) -> Verdict | None:

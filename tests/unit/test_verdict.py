@@ -132,6 +132,22 @@ def test_probe_arms_name_the_cause_they_isolate(cand_rate, probes, cause):
     assert v.cause == cause, v.evidence
 
 
+def test_every_probe_that_changes_acceptance_is_named_not_only_the_first():
+    """Measured on the demo (smol-eagle3 with raw_prompts and temperature probes): raw 0.128 and T=1 0.004 against
+    0.439 served. The first probe in the plan names the cause; the other one, as clear, is stated beside it with its
+    own cause and fix instead of being left out; a probe with no clear difference still says so."""
+    results = [BASE, arm("cand", "candidate", 0.44), arm("ctl", "control", 0.99),
+               probe("c@raw", "raw_prompts", 0.13), probe("c@T=1", "temperature", 0.01),
+               probe("c@enable_thinking=false", "thinking", 0.45)]
+    v = decide(results, {})
+    assert v.cause == "template_mismatch" and v.fix == {"confirmed_by": "the probe arm c@raw"}
+    also = [e for e in v.evidence if e.startswith("c@T=1") and "`sampling_mismatch` as well" in e]
+    assert len(also) == 1, v.evidence
+    assert "serving chat template" in v.next_step
+    assert "for `sampling_mismatch` (c@T=1): judge it at the served" in v.next_step
+    assert any(e.startswith("c@enable_thinking=false") and "no clear difference" in e for e in v.evidence)
+
+
 def test_probe_arms_are_planned_from_the_candidate():
     from infra.arms import plan_arms
     from infra.config import load_profile
