@@ -86,7 +86,8 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
                 w.params = {**plan_server(cfg, rider.arm, workdir).params, "server_shared_with": arm.name}
                 w.ev.server_cmd, w.ev.log_path = first.ev.server_cmd, first.ev.log_path
                 if not ready:
-                    raise ServerNotReady(f"it rides on {arm.name}'s server, which did not come up: {first.result.error}")
+                    raise ServerNotReady(f"it rides on {arm.name}'s server, which did not come up: "
+                                         f"{first.result.error}")
                 w.measure(cfg, server, prompts, _asks(rider.arm, rider.offline, baseline_tok_s, candidate, False,
                                                        tracker, where))
     finally:

@@ -91,3 +91,14 @@ def test_k_sweep_prints_predicted_and_measured_per_k_and_picks_the_best_measured
     assert best == 2 and line.count("predicted") == 3 and "k=2: predicted 1.152x, measured 1.200x" in line
     v = decide([BASE, cand, k1, k2], {})
     assert v.cause == "draft_overhead" and "k=2 (the best measured" in v.next_step
+
+
+def test_an_arm_measured_on_a_warm_shared_server_gets_no_measured_speedup():
+    """A probe that rode on the candidate's server met the prompts' prefixes cached (its TTFT reads low, its tok/s
+    high against the baseline's cold server): the model from TPOT stands, a measured speedup would mislead."""
+    tok_s = [40, 41, 39, 40, 40]
+    own = arm("cand@raw", "probe", (0.9, 0.8, 0.7, 0.6), tpot=4.0, tok_s=tok_s)
+    assert model(own, BASE, 4).measured is not None
+    own.served_with = "cand"
+    sm = model(own, BASE, 4)
+    assert sm.measured is None and sm.predicted[4] == pytest.approx(2.5) and "measured" not in sm.line()
