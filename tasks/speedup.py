@@ -52,9 +52,11 @@ class SpeedModel:
 def speedup_interval(r: ArmResult, base: ArmResult) -> tuple[float, float, float] | None:
     """The tok/s ratio to the baseline with its 95% interval, paired by prompt: every arm serves the same prompts in
     the same order, so request i of one arm and of the baseline share a prompt and its length; the t-interval of
-    the log ratios leaves the prompts' spread out (the geometric mean ratio and its bounds)."""
+    the log ratios leaves the prompts' spread out (the geometric mean ratio and its bounds). None for an arm measured
+    on another arm's server, after it: it met the prompts' prefixes cached, so its tok/s (TTFT included) reads high
+    against the baseline's cold server; only the TPOT-based model speaks for it."""
     n = min(len(r.request_tok_s), len(base.request_tok_s))
-    if n < 2:  # one request has no spread to make an interval from
+    if n < 2 or r.served_with:  # one request has no spread to make an interval from
         return None
     logs = np.log(np.asarray(r.request_tok_s[:n], dtype=float) / np.asarray(base.request_tok_s[:n], dtype=float))
     mean, lo, hi = mean_interval(list(logs))
@@ -70,9 +72,7 @@ def model(r: ArmResult, base: ArmResult, k: int) -> SpeedModel | None:
     c = m["tpot_ms_p50"] * e / b["tpot_ms_p50"]
     d = max(0.0, (c - 1) / k)
     predicted = {j: (1 + sum(a[:j])) / (1 + j * d) for j in range(1, k + 1)}
-    # an arm measured on another arm's server, after it, met the prompts' prefixes cached: its tok/s (TTFT included)
-    # reads high against the baseline's cold server, so only the TPOT-based model speaks for it
-    return SpeedModel(r.arm, k, e, c, d, predicted, None if r.served_with else speedup_interval(r, base))
+    return SpeedModel(r.arm, k, e, c, d, predicted, speedup_interval(r, base))
 
 
 def speed_models(results: list[ArmResult]) -> dict[str, SpeedModel]:

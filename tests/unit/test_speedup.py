@@ -102,3 +102,5 @@ def test_an_arm_measured_on_a_warm_shared_server_gets_no_measured_speedup():
     own.served_with = "cand"
     sm = model(own, BASE, 4)
     assert sm.measured is None and sm.predicted[4] == pytest.approx(2.5) and "measured" not in sm.line()
+    from tasks.compare import stream_metrics  # the table records no paired speedup for it either
+    assert "speedup_paired" not in stream_metrics(own, BASE) and "stream_tok_s" in stream_metrics(own, BASE)
