@@ -51,8 +51,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
             workdir: str, prompts: list[str], offline: dict[str, float] | None = None,
             baseline_tok_s: list[float] | None = None, blockers: list[str] | None = None,
             fingerprint: dict | None = None, candidate: dict[str, float] | None = None,
-            beside: bool = False, riders: list[Rider] | None = None,
-            speedups: dict[str, list[float]] | None = None) -> list[ArmResult]:
+            beside: bool = False, riders: list[Rider] | None = None) -> list[ArmResult]:
     """baseline_tok_s: the baseline arm's per-request tok/s, once measured: the early stop compares with it.
     candidate: the candidate arm's metrics, once measured: a control's early stop compares with its acceptance
     (tasks/verdict/evidence.questions; other roles ignore it).
@@ -61,8 +60,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
     beside: measured beside the diagnosis's other arms (spread over hosts): what of baseline_tok_s and candidate
     was not known at its start is read from their MLflow runs as they end (tasks/reuse.asked_beside).
     riders: arms measured on this arm's server after it, each in its own run. Returns this arm's result, then each
-    rider's. speedups: for a baseline measured after them, the per-request tok/s of the arms whose speedup it anchors
-    (their names as keys): its early stop settles those."""
+    rider's."""
     tracker, where = Tracker(tracking_uri), (experiment_id, parent_run_id)
     first = Window.start(tracker, arm, where, offline, fingerprint)
     windows, server, ready = [first], None, False
@@ -80,8 +78,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
             first.ev.server_cmd = server.process.command
             first.ev.metrics["server_ready_s"] = wait_healthy(server, cfg.health_timeout_s)
             ready = True
-            first.measure(cfg, server, prompts, _asks(arm, offline, baseline_tok_s, candidate, beside, tracker, where,
-                                                      speedups))
+            first.measure(cfg, server, prompts, _asks(arm, offline, baseline_tok_s, candidate, beside, tracker, where))
         for rider in riders or []:  # the same server, one window each
             windows.append(w := Window.start(tracker, rider.arm, where, rider.offline, rider.fingerprint))
             w.result.served_with = arm.name
@@ -193,14 +190,13 @@ def _finish(tracker: Tracker, executor, windows: list[Window], parent_run_id: st
     executor.close()
 
 
-def _asks(arm: Arm, offline, baseline_tok_s, candidate, beside: bool, tracker: Tracker, where: tuple[str, str],
-          speedups=None):
+def _asks(arm: Arm, offline, baseline_tok_s, candidate, beside: bool, tracker: Tracker, where: tuple[str, str]):
     """What the verdict will ask of this arm, for its early stop; where measured beside the other arms, learned as the
     one its questions compare with ends: the candidate for a control, the baseline for an arm whose speed is judged."""
     def ask(learned: dict):
         tok_s, cand = learned.get("baseline", baseline_tok_s), learned.get("candidate", candidate)
         return questions(arm.role, offline, mean_interval(tok_s)[1:] if tok_s and len(tok_s) > 1 else None, cand,
-                         arm.position_limit, arm.spec.num_speculative_tokens if arm.spec else 1, speedups)
+                         arm.position_limit, arm.spec.num_speculative_tokens if arm.spec else 1)
     wants = {"candidate": candidate} if arm.role == "control" else \
         {"baseline": baseline_tok_s} if speed_judged(arm.role) and arm.role != "baseline" else {}
     return asked_beside(ask, wants, tracker, *where) if beside and wants else ask({})

@@ -151,7 +151,7 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
     prints = {h: fingerprints(c, drafters, target, prompts) for h, c in on.items()}
     blockers = {a.name: [] if cfg.force else [f"{f.code}: {f.message}" for f in findings.get(a.name, []) if f.gating]
                 for a in drafters}
-    results: list[ArmResult] = []  # as they end: a later arm's early stop compares with the arms before it
+    results: list[ArmResult] = []  # as they end: a later arm's early stop compares with the baseline's tok/s
 
     def one(group, host):
         with tracker.interrupts(where[1], ", ".join(a.name for a in group)):
@@ -161,9 +161,8 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
         results.extend(measured)
         return measured
     groups = shared_servers(drafters, lambda a: not speed_judged(a.role) and not blockers[a.name])
-    if not runs:  # in order, in this thread: Ctrl-C reaches the arm's own teardown
-        base = _reusable(cfg, drafters[0], tracker, prints[cfg.host.name], blockers)
-        done = [r for g in _in_order(cfg, groups, base is not None) for r in one(g, cfg.host.name)]
+    if not runs:  # in order, the baseline first, in this thread: Ctrl-C reaches the arm's own teardown
+        done = [r for g in groups for r in one(g, cfg.host.name)]
     else:
         try:
             with tracker.interrupts(where[1], f"{', '.join(a.name for a in drafters)} (spread over {', '.join(on)})"):
@@ -173,23 +172,6 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
             raise
     order = [a.name for a in drafters]
     return sorted(done, key=lambda r: order.index(r.arm))
-
-
-def _in_order(cfg, groups: list, reused: bool) -> list:
-    """The baseline's server last where it is measured on this machine: its early stop then settles what the verdict
-    reads from it, the speedups of the arms before it (tasks/earlystop.py), and no more. First on a remote host,
-    where its load runs beside the offline evaluation (the drafter arms wait for those numbers), and first where it
-    is reused (the arms after it compare with it as they run)."""
-    if reused or cfg.host.kind != "local":
-        return groups
-    return sorted(groups, key=lambda g: g[0].role == "baseline")  # stable: the others keep the plan's order
-
-
-def _reusable(cfg, arm, tracker, prints: dict, blockers: dict):
-    """The newest successful run of this arm's fingerprint, where reuse is on and nothing blocks the arm."""
-    fingerprint = prints.get(arm.name)
-    return newest_match(tracker, digest(fingerprint), cfg.reuse.max_age_h) \
-        if fingerprint and cfg.reuse.enabled and not blockers.get(arm.name) else None
 
 
 def _position_limited(arm, findings):
@@ -206,7 +188,10 @@ def _measure(cfg, group, tracker, where, prompts, offline, results, blockers, pr
     experiment, parent = where
     out, todo = [], []
     for arm in group:
-        if found := _reusable(cfg, arm, tracker, prints, blockers):
+        fingerprint = prints.get(arm.name)
+        found = newest_match(tracker, digest(fingerprint), cfg.reuse.max_age_h) \
+            if fingerprint and cfg.reuse.enabled and not blockers.get(arm.name) else None
+        if found:
             out.append(reuse_arm(tracker, found, arm, experiment, parent, offline.get(arm.name)))
         else:
             todo.append(arm)
@@ -215,12 +200,9 @@ def _measure(cfg, group, tracker, where, prompts, offline, results, blockers, pr
     arm, riders = todo[0], [Rider(a, offline.get(a.name), prints.get(a.name)) for a in todo[1:]]
     base = next((r.request_tok_s for r in results if r.role == "baseline" and r.ok), None)
     cand = next((r.metrics for r in results if r.role == "candidate" and r.ok), None)
-    judged = {r.arm: r.request_tok_s for r in results  # measured before the baseline: its speedups to settle
-              if r.ok and r.role != "baseline" and speed_judged(r.role) and not r.served_with and r.request_tok_s}
     params = dict(cfg=cfg, arm=arm, tracking_uri=tracker.uri, experiment_id=experiment, parent_run_id=parent,
                   workdir=run_dir(cfg, parent), prompts=prompts, offline=offline.get(arm.name), baseline_tok_s=base,
-                  blockers=blockers.get(arm.name), fingerprint=prints.get(arm.name), candidate=cand, riders=riders,
-                  speedups=judged if arm.role == "baseline" and judged else None)
+                  blockers=blockers.get(arm.name), fingerprint=prints.get(arm.name), candidate=cand, riders=riders)
     if runs:  # measured beside the other arms: it learns their numbers as they end
         return out + remote_arm(runs, host, {**params, "beside": True})
     # The diagnosis's own flow run beats for this process; an arm's own heartbeat thread would hold its end for up to

@@ -24,17 +24,6 @@ def mean_interval(values: list[float]) -> tuple[float, float, float]:
     return float(v.mean()), float(v.mean() - half), float(v.mean() + half)
 
 
-def paired_ratio(num: list[float], den: list[float]) -> tuple[float, float, float] | None:
-    """The ratio of two arms' per-request figures paired by prompt (request i of each served prompt i), with its 95%
-    interval: the t-interval of the log ratios leaves the prompts' spread out (the geometric mean ratio and its
-    bounds). Over the pairs both have; None with fewer than two (one pair has no spread)."""
-    n = min(len(num), len(den))
-    if n < 2:
-        return None
-    mean, lo, hi = mean_interval(list(np.log(np.asarray(num[:n], dtype=float) / np.asarray(den[:n], dtype=float))))
-    return float(np.exp(mean)), float(np.exp(lo)), float(np.exp(hi))
-
-
 def ratio_interval(num: list[float], den: list[float]) -> tuple[float, float, float] | None:
     """A ratio of sums over clusters (accepted / drafted over requests) with its 95% interval from the spread over
     the clusters: the delta method's cluster-robust variance, t with n-1 degrees of freedom. Drafts within one

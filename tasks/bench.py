@@ -194,11 +194,9 @@ def benchmark(base_url: str, cfg: BenchConfig, prompts: list[str],
         ok, q = [r for r in records if r.ok], asks() if callable(asks) else asks
         drafts, rate = spec_so_far() if spec_so_far else (None, 0.0)
         by_request = request_metrics(ok) if q.position_limit else {}  # {}: the engine gave no per-request counts
-        by_prompt = {r.index: r.completion_tokens / (r.e2e_ms / 1000) for r in ok if r.e2e_ms > 0} \
-            if q.speedups else None
         return should_stop(cfg, Progress(len(ok), sum(r.completion_tokens for r in ok), elapsed,
                                          BenchResult(ok, elapsed).request_tok_s(), drafts, rate, q,
-                                         split_at(by_request, q.position_limit) if by_request else None, by_prompt))
+                                         split_at(by_request, q.position_limit) if by_request else None))
 
     progress = BenchProgress(arm, len(prompts), spec_so_far)
 

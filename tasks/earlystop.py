@@ -12,10 +12,7 @@ side of 1 is then settled. Arms whose speed the verdict does not judge (the cont
 is compared) need not settle tok/s at all. A drafter served past the positions it declares (static check
 position_limit) is also asked context_limit's question: its acceptance before that position against past it, from
 each request's own counts. That is settled once both sides hold the verdict's floor of drafts and their intervals
-are apart or both narrow; until then the window goes on (to the cap, where no sequence passes the limit). A
-baseline measured after the arms whose speed is judged (`speedups`) asks what the verdict reads from it: each arm's
-tok/s ratio to it, paired by prompt (tasks/speedup.py), clear of 1 or known to `tok_s_rel_half_width`; where an arm
-has no more requests to pair with, more baseline requests add nothing the verdict reads, so they end too. A token
+are apart or both narrow; until then the window goes on (to the cap, where no sequence passes the limit). A token
 or time budget stops the window regardless. Checking after every request makes the nominal 95% slightly optimistic;
 the targets are set tighter than the verdict's margins to absorb that.
 """
@@ -24,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from infra.config import BenchConfig
-from infra.stats import mean_interval, paired_ratio, wilson
+from infra.stats import mean_interval, wilson
 
 MIN_DRAFTS = 30  # below this, no interval is narrow enough to decide anything (the verdict's floor, tasks/verdict)
 
@@ -40,8 +37,6 @@ class Questions:
     rival: tuple[float, float] | None = None  # the acceptance interval this arm's is compared with, if measured
     position_limit: int = 0  # the drafter's declared positions, where served past them: context_limit's question
     k: int = 1  # draft tokens per draft: drafts on either side of position_limit count as draft tokens / k
-    # for a baseline measured after them: each judged arm's name and per-request tok/s, by prompt (request i: prompt i)
-    speedups: tuple[tuple[str, tuple[float, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,9 +53,6 @@ class Progress:
     # (accepted, drafted) draft tokens before and past asks.position_limit, from each request's own counts; None where
     # the question is not asked or the engine gives no per-request counts (the verdict then cannot ask it either)
     split: tuple[tuple[float, float], tuple[float, float]] | None = None
-    by_prompt: dict[int, float] | None = None  # request_tok_s by prompt index: what asks.speedups pairs with
-
-
 
 
 def should_stop(cfg: BenchConfig, p: Progress) -> str:
@@ -71,8 +63,6 @@ def should_stop(cfg: BenchConfig, p: Progress) -> str:
         return f"time budget {cfg.max_bench_s:.0f} s reached"
     if p.requests_ok < cfg.min_requests:
         return ""
-    if p.drafts is None and p.asks.speedups and p.by_prompt is not None:
-        return _speedups_settled(cfg, p)
     mean, lo, hi = mean_interval(p.request_tok_s)
     tok_rel = (hi - lo) / 2 / mean if mean > 0 else float("inf")
     q = p.asks
@@ -123,20 +113,3 @@ def _by_position(cfg: BenchConfig, p: Progress) -> str | None:
     else:
         return None
     return f"; before position {q.position_limit} [{w_lo:.3f}-{w_hi:.3f}], past it [{b_lo:.3f}-{b_hi:.3f}]: {how}"
-
-
-def _speedups_settled(cfg: BenchConfig, p: Progress) -> str:
-    """A baseline measured after the arms it is the denominator of: '' while some arm's paired speedup is open and
-    more requests of this baseline would pair with it, else each one's interval and why it is settled."""
-    lines = []
-    for arm, tok_s in p.asks.speedups:
-        n = next((i for i in range(len(tok_s)) if i not in p.by_prompt), len(tok_s))  # pairs: prompts 0..n-1
-        got = paired_ratio(list(tok_s[:n]), [p.by_prompt[i] for i in range(n)])
-        settled = got and (got[2] < 1 or got[1] > 1 or (got[2] - got[1]) / 2 / got[0] <= cfg.tok_s_rel_half_width)
-        if not settled and n < len(tok_s):
-            return ""
-        ratio = f"{got[0]:.3f}x [{got[1]:.3f}-{got[2]:.3f}]" if got else "no interval"
-        how = ("clear of 1" if got[2] < 1 or got[1] > 1 else "narrow") if settled else \
-            f"left open: {arm} measured {len(tok_s)} requests to pair with"
-        lines.append(f"{arm} {ratio} over {n} pairs, {how}")
-    return f"the speedups it anchors: {'; '.join(lines)}, after {p.requests_ok} requests"

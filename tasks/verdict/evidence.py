@@ -44,19 +44,15 @@ def speed_judged(role: str) -> bool:
 
 
 def questions(role: str, offline: dict[str, float] | None = None, baseline_tok_s: tuple[float, float] | None = None,
-              candidate: dict[str, float] | None = None, position_limit: int = 0, k: int = 1,
-              speedups: dict[str, list[float]] | None = None) -> Questions:
+              candidate: dict[str, float] | None = None, position_limit: int = 0, k: int = 1) -> Questions:
     """What the rules will ask of an arm of this role, for its early stop. candidate: the candidate arm's metrics,
     where it was measured first: the control is then settled once clear of the candidate's interval as well as of
     its thresholds (versus_control's question), over the rules' floor for a control, MIN_CONTROL_DRAFTS.
     position_limit: the positions its drafter declares, where the server serves more (static check position_limit):
-    context_limit's question, acceptance before that position against past it, drafting k tokens a step.
-    speedups: for the baseline, the per-request tok/s of the arms measured before it whose speed is judged: their
-    paired speedups are what the verdict reads from it."""
+    context_limit's question, acceptance before that position against past it, drafting k tokens a step."""
     rival = acceptance_interval(candidate) if role == "control" and candidate and candidate.get("num_drafts") else None
     return Questions(decision_thresholds(role, offline), MIN_CONTROL_DRAFTS if rival else MIN_DRAFTS,
-                     baseline_tok_s, speed_judged(role), rival, position_limit, max(1, k),
-                     tuple((a, tuple(t)) for a, t in (speedups or {}).items()) if role == "baseline" else ())
+                     baseline_tok_s, speed_judged(role), rival, position_limit, max(1, k))
 
 
 @dataclass

@@ -72,7 +72,7 @@ def test_demo_diagnosis_records_every_arm(demo, demo_cli, demo_store, no_servers
     for run in (bad, good):
         assert run.data.metrics["sys/early_stopped"] == 1.0 and run.data.metrics["sys/requests_ok"] < 15, run.info
     assert "acceptance" in good.data.tags["specdiag.early_stop"] and good.data.metrics["sys/requests_ok"] < 8
-    _baseline_ended_where_its_rule_first_held(done, base, bad)
+    _baseline_ended_where_its_rule_first_held(done, base)
     # the engine's own log lines agree with the counters
     assert good.data.metrics["sys/log_acceptance_rate"] > 0.9 and bad.data.metrics["sys/log_acceptance_rate"] < 0.1
     # the default host.workdir: the servers' logs stay in the project's runs/<diagnosis id>/, as a user finds them
@@ -99,38 +99,27 @@ def test_demo_diagnosis_records_every_arm(demo, demo_cli, demo_store, no_servers
     assert "workflowType=machine_learning" in str(link.data) and tables
 
 
-def _baseline_ended_where_its_rule_first_held(done, base, bad, rel=0.10):
-    """The baseline is measured last, after the candidate whose speed the verdict judges: what the verdict reads from
-    it is the candidate's tok/s ratio to it, paired by prompt. Its window ends at the first request (from 3 on) where
-    that ratio's 95% interval (t over the log ratios) lies clear of 1 or within +-10%, or where the candidate has no
-    more requests to pair with. Recomputed here from both arms' requests.csv, the recorded stop must be exactly that
-    one, neither earlier nor later, and the baseline's run must have begun after the candidate's ended."""
+def _baseline_ended_where_its_rule_first_held(done, base, cap=15, rel=0.10):
+    """The baseline is measured first, with nothing to compare with: its question is its own per-request tok/s to
+    +-10% (95% t-interval, from 3 requests on). Its window ends at the first request where that holds, or at the cap
+    where it never does: this VM's speed drifts in stretches of several requests, so a noisy day can take all 15.
+    Recomputed here from its requests.csv, the recorded stop must be exactly that one, neither earlier nor later."""
     import numpy as np
+    import pandas as pd
     from scipy import stats
 
-    tok_s = {arm: _request_tok_s(done, run) for arm, run in (("base", base), ("cand", bad))}
+    rows = pd.read_csv(done.client.download_artifacts(base.info.run_id, "requests.csv")).sort_values("index")
+    rows = rows[rows["ok"].astype(bool)]
+    tok_s = (rows["completion_tokens"] / (rows["e2e_ms"] / 1000)).to_numpy()
 
     def settled(n):
-        m = min(n, len(tok_s["cand"]))
-        logs = np.log(tok_s["cand"][:m] / tok_s["base"][:m])
-        half = stats.t.ppf(0.975, m - 1) * logs.std(ddof=1) / np.sqrt(m)
-        lo, hi = np.exp(logs.mean() - half), np.exp(logs.mean() + half)
-        return hi < 1 or lo > 1 or (hi - lo) / 2 / np.exp(logs.mean()) <= rel or n >= len(tok_s["cand"])
+        v = tok_s[:n]
+        return stats.t.ppf(0.975, n - 1) * v.std(ddof=1) / np.sqrt(n) <= rel * v.mean()
 
-    first = next(n for n in range(3, len(tok_s["base"]) + 1) if settled(n))
+    first = next((n for n in range(3, min(len(tok_s), cap) + 1) if settled(n)), None)
     m, why = base.data.metrics, base.data.tags.get("specdiag.early_stop", "to the cap")
-    assert m["sys/requests_ok"] == len(tok_s["base"]) == first, (first, why, {a: list(v.round(2)) for a, v in
-                                                                             tok_s.items()})
-    assert m["sys/early_stopped"] == 1.0 and why.startswith("the speedups it anchors: smol-permuted"), why
-    assert base.info.start_time > bad.info.end_time
-
-
-def _request_tok_s(done, run):
-    import pandas as pd
-
-    rows = pd.read_csv(done.client.download_artifacts(run.info.run_id, "requests.csv")).sort_values("index")
-    rows = rows[rows["ok"].astype(bool)]
-    return (rows["completion_tokens"] / (rows["e2e_ms"] / 1000)).to_numpy()
+    assert m["sys/requests_ok"] == len(tok_s) == (first or cap), (first, len(tok_s), why, list(tok_s.round(2)))
+    assert m["sys/early_stopped"] == float(first is not None) and (first is None or "known to" in why), why
 
 
 def _report_through_mlflow_in_chromium(mlflow_uri, done):
