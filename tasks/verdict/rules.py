@@ -21,7 +21,7 @@ from tasks.speedup import k_sweep, speed_models
 from tasks.verdict.evidence import (CONTROL_GOOD, HEALTHY, INTEGRATION_RATIO, MIN_CONTROL_DRAFTS, MIN_DRAFTS,
                                     NARROW, NEAR_ZERO, PROBE_RATIO, VOCAB_CODES, Verdict, acceptance_interval,
                                     decision_thresholds, differs, fmt, fmt_offline, offline_interval, probe_line)
-from tasks.verdict.settle import next_step, settle, width
+from tasks.verdict.settle import next_step, pairs_needed, settle, width
 
 
 @dataclass
@@ -175,8 +175,11 @@ def draft_overhead(v: Verdict, results: list[ArmResult]) -> Verdict:
     lands near 1x, a little above on one CPU and a little below on another."""
     cand = next((r for r in results if r.role == "candidate" and r.ok), None)
     sm = speed_models(results).get(cand.arm) if cand else None
-    if v.cause != "healthy" or not sm or not sm.measured or sm.measured[2] >= max(1.0, sm.tokens_per_step / 2):
+    if v.cause != "healthy" or not sm or not sm.measured:
         return v
+    bound = max(1.0, sm.tokens_per_step / 2)
+    if sm.measured[2] >= bound:
+        return v if sm.measured[1] >= bound else _pays_open(v, cand, results, sm, bound)
     below = "below 1" if sm.measured[2] < 1.0 else f"under half of the {sm.tokens_per_step:.3f} tokens a step emits"
     _, best_measured = k_sweep(results)
     fix = {}
@@ -196,6 +199,22 @@ def draft_overhead(v: Verdict, results: list[ArmResult]) -> Verdict:
     return Verdict("draft_overhead", v.evidence + [sm.line(), f"acceptance is fine, but the measured speedup is "
                    f"{sm.measured[2]:.3f}x at best, {below}: each step costs {sm.step_cost:.3f} baseline steps for "
                    f"{sm.tokens_per_step:.3f} tokens"], pays, fix)
+
+
+def _pays_open(v: Verdict, cand: ArmResult, results: list[ArmResult], sm, bound: float) -> Verdict:
+    """Healthy acceptance, and draft_overhead's question still open: the measured speedup's interval holds its bound.
+    The verdict stays `healthy` (acceptance is what it names) and says what would settle whether the drafter pays."""
+    base = next(r for r in results if r.role == "baseline" and r.ok)
+    pairs = min(len(cand.request_tok_s), len(base.request_tok_s))
+    mean, lo, hi = sm.measured
+    line = f"whether {cand.arm} pays is open: its measured speedup {mean:.3f}x [{lo:.3f}-{hi:.3f}] over {pairs} " \
+           f"prompts holds {bound:.3g}, under which its drafting would cost more than it saves"
+    need = pairs_needed(sm.measured, pairs, bound)
+    if need is None:
+        return Verdict(v.cause, v.evidence + [line + ": it sits on that bound, and no number of prompts settles it"],
+                       v.next_step, v.fix)
+    return Verdict(v.cause, v.evidence + [f"{line}; settling it takes about {need} prompts in both arms"],
+                   v.next_step or f"to settle the speedup, rerun with --fixed --fresh --prompts {need}", v.fix)
 
 
 # What a probe arm's clear difference from the candidate names: (either direction counts, cause, why, what to do).

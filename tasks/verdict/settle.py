@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from scipy.special import stdtrit
+
 from infra.stats import wilson
 from tasks.verdict.evidence import acceptance_interval
 
@@ -65,3 +67,15 @@ def settle(arm: str, m: dict[str, float], clear_of: tuple[float, ...] = (), half
     cost = f"about {need - drafts:.0f} more drafts: {extra} more requests, ~{seconds:.0f} s of benchmark at its " \
            f"pace plus a server load ({m.get('server_ready_s', 0.0):.0f} s here)"
     return f"{line}; settling it costs {cost}", int(ok + extra)
+
+
+def pairs_needed(measured: tuple[float, float, float], pairs: int, bound: float, most: int = 10000) -> int | None:
+    """The fewest prompt pairs (at least `pairs`) at which a paired speedup measured as (mean, lo, hi) over `pairs`
+    pairs would lie clear of `bound`, at the same spread of log ratios; None when none up to `most` would (a speedup
+    on the bound itself) or the spread is not known."""
+    mean, lo, hi = measured
+    if pairs < 2 or not 0 < lo <= mean <= hi:
+        return None
+    sd = (math.log(hi) - math.log(lo)) / 2 / stdtrit(pairs - 1, 0.975) * math.sqrt(pairs)
+    gap = abs(math.log(mean / bound))
+    return next((n for n in range(pairs, most + 1) if stdtrit(n - 1, 0.975) * sd / math.sqrt(n) < gap), None)

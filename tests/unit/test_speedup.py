@@ -1,4 +1,5 @@
 """The speedup model and the draft_overhead rule: acceptance is not the whole answer."""
+import numpy as np
 import pytest
 
 from tasks.record import ArmResult
@@ -73,9 +74,27 @@ def test_a_shorter_k_that_pays_is_named():
 
 
 def test_a_speedup_interval_that_reaches_1_is_not_called_overhead():
-    """Thin throughput evidence (two noisy requests) does not overturn healthy acceptance."""
+    """Thin throughput evidence (two noisy requests) does not overturn healthy acceptance; the verdict says that
+    whether the drafter pays is open, and what would settle it: the prompts at which the same spread of log ratios
+    would put the interval clear of draft_overhead's bound (here half of 5 tokens a step)."""
     noisy = arm("cand", "candidate", (1.0, 1.0, 1.0, 1.0), tpot=12.5, tok_s=[12, 40])
-    assert decide([BASE, noisy], {}).cause == "healthy"
+    v = decide([BASE, noisy], {})
+    assert v.cause == "healthy"
+    assert "whether cand pays is open: its measured speedup 0.718x [" in v.evidence[-1], v.evidence
+    assert "over 2 prompts holds 2.5" in v.evidence[-1] and "about 5 prompts in both arms" in v.evidence[-1]
+    assert v.next_step == "to settle the speedup, rerun with --fixed --fresh --prompts 5"
+    # 5 pairs at that spread: t(4) * sd / sqrt(5) < |log(0.718 / 2.5)|, and 4 are not enough
+    from scipy import stats
+    sd = abs(np.log(12 / 30) - np.log(40 / 31)) / np.sqrt(2)
+    gap = abs(np.log(np.sqrt(12 / 30 * 40 / 31) / 2.5))
+    assert [stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n) < gap for n in (4, 5)] == [False, True]
+    # on the bound itself, no number of prompts settles it
+    on = arm("cand", "candidate", (1.0, 1.0, 1.0, 1.0), tpot=12.5, tok_s=[30 * 2.5 * 0.8, 31 * 2.5 * 1.25])
+    v = decide([BASE, on], {})
+    assert v.cause == "healthy" and "no number of prompts settles it" in v.evidence[-1] and not v.next_step
+    # clear of the bound: nothing is open, nothing is said
+    good = arm("cand", "candidate", (0.85, 0.7, 0.6, 0.5), tpot=16.6, tok_s=[66, 64, 68, 65, 67])
+    assert not any("pays is open" in e for e in decide([BASE, good], {}).evidence)
 
 
 def test_k_sweep_prints_predicted_and_measured_per_k_and_picks_the_best_measured():
