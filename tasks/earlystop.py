@@ -8,8 +8,9 @@ drafter at 0.36 need not be pinned to +-0.05 for the verdict to call it "below 0
 also compared with the candidate: measured after it, it settles once clear of the candidate's interval too (`rival`),
 over the verdict's floor for a control (few drafts, since a good control accepts whole drafts). Likewise tok/s
 is known well enough once narrow (`tok_s_rel_half_width`) or clear of the baseline arm's interval: the speedup's
-side of 1 is then settled. Arms whose speed the verdict does not judge (the control, probes: only their acceptance
-is compared) need not settle tok/s at all. A drafter served past the positions it declares (static check
+side of 1 is then settled (for a drafter whose steps emit more than 2 tokens, clear of that interval times half of
+them: draft_overhead's other bound). Arms whose speed the verdict does not judge (the control, probes: only their
+acceptance is compared) need not settle tok/s at all. A drafter served past the positions it declares (static check
 position_limit) is also asked context_limit's question: its acceptance before that position against past it, from
 each request's own counts. That is settled once both sides hold the verdict's floor of drafts and their intervals
 are apart or both narrow; until then the window goes on (to the cap, where no sequence passes the limit). A token
@@ -66,11 +67,12 @@ def should_stop(cfg: BenchConfig, p: Progress) -> str:
     mean, lo, hi = mean_interval(p.request_tok_s)
     tok_rel = (hi - lo) / 2 / mean if mean > 0 else float("inf")
     q = p.asks
-    base = q.baseline_tok_s
+    base, bound = q.baseline_tok_s, pays_bound(p)
     if tok_rel <= cfg.tok_s_rel_half_width:
         tok = f"known to +-{tok_rel:.0%}"
-    elif base and (lo > base[1] or hi < base[0]):
-        tok = f"[{lo:.1f}-{hi:.1f}] clear of the baseline's [{base[0]:.1f}-{base[1]:.1f}]"
+    elif base and (lo > bound * base[1] or hi < bound * base[0]):
+        times = f"{bound:.3g}x " if bound > 1 else ""
+        tok = f"[{lo:.1f}-{hi:.1f}] clear of {times}the baseline's [{base[0]:.1f}-{base[1]:.1f}]"
     elif q.tok_s_judged or p.drafts is None:
         return ""
     else:
@@ -80,6 +82,12 @@ def should_stop(cfg: BenchConfig, p: Progress) -> str:
     settled = _acceptance_settled(cfg, p, tok)
     by_position = _by_position(cfg, p) if settled else None
     return "" if by_position is None else settled + by_position
+
+
+def pays_bound(p: Progress) -> float:
+    """The speedup draft_overhead (tasks/verdict/rules.py) tests a drafter's against: 1, or half the tokens a step
+    emits where that is more (1 + k x acceptance rate: the accepted draft tokens per draft, plus the bonus token)."""
+    return max(1.0, (1 + p.asks.k * p.accepted_rate) / 2) if p.drafts else 1.0
 
 
 def _acceptance_settled(cfg: BenchConfig, p: Progress, tok: str) -> str:

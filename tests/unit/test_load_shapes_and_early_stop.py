@@ -154,6 +154,20 @@ def test_tok_s_clear_of_the_baseline_is_enough():
     assert "acceptance known" in should_stop(cfg, _progress(tok_s=noisy, baseline=(20.0, 22.0), drafts=400, rate=0.5))
 
 
+def test_a_drafter_whose_steps_emit_many_tokens_settles_tok_s_against_draft_overheads_bound():
+    """draft_overhead also calls a drafter that gains under half the tokens each step emits: with k=4 at 0.9
+    acceptance a step emits 4.6 tokens, so being faster than the baseline does not settle its question; being clear
+    of 2.3 times the baseline's interval does (tasks/verdict/rules.draft_overhead tests the same bound)."""
+    cfg, noisy = BenchConfig(), (5.0, 15.0, 8.0, 12.0)  # mean 10 +-27%
+
+    def stop(baseline, rate=0.9, k=4):
+        return should_stop(cfg, _progress(tok_s=noisy, baseline=baseline, drafts=400, rate=rate, k=k))
+    assert stop((2.0, 4.0)) == ""  # 2.5-5x the baseline: faster, but 2.3 x [2, 4] = [4.6, 9.2] still overlaps
+    assert "clear of 2.3x the baseline's [1.0-2.0]" in stop((1.0, 2.0))
+    assert "clear of the baseline's [2.0-4.0]" in stop((2.0, 4.0), rate=0.2)  # 1.8 tokens a step: the bound is 1
+    assert "clear of 2.3x the baseline's [20.0-22.0]" in stop((20.0, 22.0))  # a slowdown is clear of both
+
+
 def test_the_control_and_probes_need_only_their_acceptance():
     cfg, noisy = BenchConfig(), (5.0, 15.0, 8.0, 12.0)  # tok/s unsettled, overlapping the baseline
     assert verdict.speed_judged("candidate") and verdict.speed_judged("baseline")
