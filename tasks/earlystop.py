@@ -86,7 +86,10 @@ def should_stop(cfg: BenchConfig, p: Progress) -> str:
 
 def pays_bound(p: Progress) -> float:
     """The speedup draft_overhead (tasks/verdict/rules.py) tests a drafter's against: 1, or half the tokens a step
-    emits where that is more (1 + k x acceptance rate: the accepted draft tokens per draft, plus the bonus token)."""
+    emits where that is more (1 + k x acceptance rate: the accepted draft tokens per draft, plus the bonus token;
+    the verdict counts accepted tokens per draft, the same where every draft is k tokens long, as the drafters here
+    propose them). Like the rest of this rule it compares unpaired intervals: a conservative stand-in for the
+    verdict's paired speedup."""
     return max(1.0, (1 + p.asks.k * p.accepted_rate) / 2) if p.drafts else 1.0
 
 
