@@ -67,7 +67,10 @@ def should_stop(cfg: BenchConfig, p: Progress) -> str:
     mean, lo, hi = mean_interval(p.request_tok_s)
     tok_rel = (hi - lo) / 2 / mean if mean > 0 else float("inf")
     q = p.asks
-    base, bound = q.baseline_tok_s, pays_bound(p)
+    # tokens a step emits, 1 + k x acceptance: the verdict counts accepted tokens per draft, the same where every draft
+    # is k tokens long. Like the rest of this rule it compares unpaired intervals, a conservative stand-in for the
+    # verdict's paired speedup.
+    base, bound = q.baseline_tok_s, pays_bound(1 + q.k * p.accepted_rate) if p.drafts else 1.0
     if tok_rel <= cfg.tok_s_rel_half_width:
         tok = f"known to +-{tok_rel:.0%}"
     elif base and (lo > bound * base[1] or hi < bound * base[0]):
@@ -84,13 +87,10 @@ def should_stop(cfg: BenchConfig, p: Progress) -> str:
     return "" if by_position is None else settled + by_position
 
 
-def pays_bound(p: Progress) -> float:
+def pays_bound(tokens_per_step: float) -> float:
     """The speedup draft_overhead (tasks/verdict/rules.py) tests a drafter's against: 1, or half the tokens a step
-    emits where that is more (1 + k x acceptance rate: the accepted draft tokens per draft, plus the bonus token;
-    the verdict counts accepted tokens per draft, the same where every draft is k tokens long, as the drafters here
-    propose them). Like the rest of this rule it compares unpaired intervals: a conservative stand-in for the
-    verdict's paired speedup."""
-    return max(1.0, (1 + p.asks.k * p.accepted_rate) / 2) if p.drafts else 1.0
+    emits where that is more (the drafter then costs about as much as it saves)."""
+    return max(1.0, tokens_per_step / 2)
 
 
 def _acceptance_settled(cfg: BenchConfig, p: Progress, tok: str) -> str:

@@ -14,6 +14,7 @@ from typing import Callable
 
 from infra.stats import wilson
 from tasks.acceptance import split_at
+from tasks.earlystop import pays_bound
 from tasks.inspect import Finding, position_limit
 from tasks.offline import OfflineResult
 from tasks.record import ArmResult
@@ -177,7 +178,7 @@ def draft_overhead(v: Verdict, results: list[ArmResult]) -> Verdict:
     sm = speed_models(results).get(cand.arm) if cand else None
     if v.cause != "healthy" or not sm or not sm.measured:
         return v
-    bound = max(1.0, sm.tokens_per_step / 2)
+    bound = pays_bound(sm.tokens_per_step)
     if sm.measured[2] >= bound:
         return v if sm.measured[1] >= bound else _pays_open(v, cand, results, sm, bound)
     below = "below 1" if sm.measured[2] < 1.0 else f"under half of the {sm.tokens_per_step:.3f} tokens a step emits"
