@@ -279,8 +279,8 @@ def plan_server(profile: Profile, arm: Arm, workdir: str) -> ServerPlan:
     argv = vllm.server_argv(python, model, profile.server_port, args, spec_cfg,
                             profile.target.served_model_name, profile.engine.per_request_spec_metrics)
     pinned = {}
-    if cpus := profile.server_cpus:  # every process of the server on these cores
-        pinned = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus))}
+    if profile.host.cpus:  # every process of the server on these cores: a CPU host split in parts
+        pinned = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, profile.host.cpus))}
         argv = ["taskset", "-c", pinned["VLLM_CPU_OMP_THREADS_BIND"], *argv]
     env = vllm.server_env({**profile.engine_env, **pinned, **(arm.spec.engine_env if arm.spec else {})})
     safe = re.sub(r"[^\w.-]", "_", arm.name)

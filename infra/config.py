@@ -5,7 +5,6 @@ Precedence, stated once: CLI flags (and --set key=value) > the YAML profile > th
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -229,20 +228,6 @@ class Profile(_Strict):
     def engine_env(self) -> dict[str, str]:
         """The servers' environment on this host: the engine's, then the host's own."""
         return {**self.engine.env, **self.host.env}
-
-    @property
-    def server_cpus(self) -> list[int] | None:
-        """The cores every process of a server is confined to: the host's cpus, or, on a local host of more than one
-        core whose engine binds its threads 'auto' (the vLLM CPU build), every core but the first. The first is left
-        to the benchmark client, Prefect and MLflow, as vLLM's own 'auto' keeps one for its scheduler: sharing every
-        core with them, a server's OpenMP threads wait on whichever one is preempted, and its per-request tok/s varied
-        by 9-18% between requests on a quiet 2-core VM; confined to a core of its own, by 2-3%. None: unconfined."""
-        if self.host.cpus:
-            return self.host.cpus
-        cores = sorted(os.sched_getaffinity(0))
-        if self.host.kind == "local" and self.engine_env.get("VLLM_CPU_OMP_THREADS_BIND") == "auto" and len(cores) > 1:
-            return cores[1:]
-        return None
 
     @property
     def engine_python(self) -> str | None:

@@ -59,7 +59,7 @@ def fields(cfg: Profile, arm, target: str, prompts: list[str], ids: dict, judges
         "engine": {"kind": cfg.engine.kind, "version": ids["engine"], "python": cfg.engine_python or "embedded",
                    "env": cfg.engine_env, "per_request_spec_metrics": cfg.engine.per_request_spec_metrics},
         "host": {"name": cfg.host.name, "kind": cfg.host.kind, "address": cfg.host.address, "gpus": cfg.host.gpus,
-                 **({"cpus": cfg.server_cpus} if cfg.server_cpus else {})},  # only where set: earlier prints still match
+                 **({"cpus": cfg.host.cpus} if cfg.host.cpus else {})},  # only where set: earlier prints still match
         "prompts": hashlib.sha256("\0".join(prompts).encode()).hexdigest(),
         "bench": bench,
         "speculative": spec,

@@ -166,27 +166,3 @@ def test_extra_settings_are_left_to_the_server_when_the_engine_cannot_be_read(ca
     _check_extra(LocalExecutor(), sys.executable, [arm], "on this machine")
     assert "the engine's speculative settings could not be read: ModuleNotFoundError: No module named 'vllm'" \
         in capsys.readouterr().out
-
-
-def test_a_local_cpu_server_gets_every_core_but_the_first(tmp_path, monkeypatch):
-    """The embedded default ('auto' thread binding, a local host): the whole server on cores 1.., the first left to the
-    benchmark client, Prefect and MLflow; a host's own cpus win; a GPU profile is not confined. The cores are in the
-    arm's fingerprint: an arm measured on other cores is not reused for one measured on these."""
-    from infra.fingerprint import fields
-
-    def host(profile):
-        ids = {"paths": {"t": "t"}, "engine": "v"}
-        return fields(profile, plan_arms(profile)[0], "t", [], ids, False)["host"]
-
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    demo = load_profile("demo")
-    plan = plan_server(demo, plan_arms(demo)[0], tmp_path)
-    assert plan.argv[:3] == ["taskset", "-c", "1,2,3"] and plan.env["VLLM_CPU_OMP_THREADS_BIND"] == "1,2,3"
-    assert plan_server(load_profile("demo", sets=["host.cpus=[0]"]), plan_arms(demo)[0], tmp_path).argv[:3] == \
-        ["taskset", "-c", "0"]
-    kimi = load_profile("kimi-k25")
-    assert kimi.server_cpus is None and plan_server(kimi, plan_arms(kimi)[0], tmp_path).argv[0] != "taskset"
-    four = host(demo)
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})  # one core: nothing left to leave
-    assert plan_server(demo, plan_arms(demo)[0], tmp_path).argv[0] != "taskset"
-    assert four["cpus"] == [1, 2, 3] and "cpus" not in host(demo)
