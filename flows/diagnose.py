@@ -160,7 +160,7 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
                                 runs, host)
         results.extend(measured)
         return measured
-    groups = shared_servers(drafters, lambda a: not speed_judged(a.role) and not blockers[a.name])
+    groups = shared_servers(drafters, lambda a: not speed_judged(a.role, a.probe) and not blockers[a.name])
     if not runs:  # in order, the baseline first, in this thread: Ctrl-C reaches the arm's own teardown
         done = [r for g in groups for r in one(g, cfg.host.name)]
     else:

@@ -44,7 +44,7 @@ def fingerprints(cfg: Profile, arms: list[Arm], target: str, prompts: list[str])
         return {}
     finally:
         executor.close()
-    return {a.name: fingerprint.fields(cfg, a, target, prompts, ids, speed_judged(a.role)) for a in arms}
+    return {a.name: fingerprint.fields(cfg, a, target, prompts, ids, speed_judged(a.role, a.probe)) for a in arms}
 
 
 def newest_match(tracker: Tracker, digest: str, max_age_h: float) -> Run | None:

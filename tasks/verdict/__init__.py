@@ -18,12 +18,12 @@ from tasks.speedup import k_sweep, speed_models
 from tasks.verdict.evidence import (HEALTHY, INTEGRATION_RATIO, MIN_DRAFTS, NEAR_ZERO, Verdict,
                                     acceptance_interval, decision_thresholds, offline_interval, probe_line, questions,
                                     speed_judged)
-from tasks.verdict.rules import RULES, decide
+from tasks.verdict.rules import RULES, decide, probe_flips
 
 EVIDENCE = "evidence.json"  # the static findings and the offline evaluation, as the rules read them
 
 __all__ = ["EVIDENCE", "assemble", "HEALTHY", "INTEGRATION_RATIO", "MIN_DRAFTS", "NEAR_ZERO", "RULES", "Verdict", "acceptance_interval",
-           "arm_verdicts", "decide", "decision_thresholds", "offline_interval", "questions", "speed_judged", "throughput_lines",
+           "arm_verdicts", "decide", "decision_thresholds", "offline_interval", "probe_flips", "questions", "speed_judged", "throughput_lines",
            "verdict"]
 
 

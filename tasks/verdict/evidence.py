@@ -38,21 +38,25 @@ def decision_thresholds(role: str, offline: dict[str, float] | None = None) -> t
     return out + ((round(INTEGRATION_RATIO * off[0], 4),) if off and off[0] >= NEAR_ZERO else ())
 
 
-def speed_judged(role: str) -> bool:
-    """Whether the verdict reads this arm's tok/s (the speedup over the baseline), not only its acceptance."""
-    return role not in ("control", "probe")
+def speed_judged(role: str, probe: str = "") -> bool:
+    """Whether the verdict reads this arm's tok/s (the speedup over the baseline), not only its acceptance: a k_sweep
+    probe's too, since the verdict recommends the k whose measured speedup is best."""
+    return role not in ("control", "probe") or probe == "k_sweep"
 
 
 def questions(role: str, offline: dict[str, float] | None = None, baseline_tok_s: tuple[float, float] | None = None,
-              candidate: dict[str, float] | None = None, position_limit: int = 0, k: int = 1) -> Questions:
+              candidate: dict[str, float] | None = None, position_limit: int = 0, k: int = 1, probe: str = "",
+              versus: tuple[float, ...] = ()) -> Questions:
     """What the rules will ask of an arm of this role, for its early stop. candidate: the candidate arm's metrics,
     where it was measured first: the control is then settled once clear of the candidate's interval as well as of
     its thresholds (versus_control's question), over the rules' floor for a control, MIN_CONTROL_DRAFTS.
     position_limit: the positions its drafter declares, where the server serves more (static check position_limit):
-    context_limit's question, acceptance before that position against past it, drafting k tokens a step."""
+    context_limit's question, acceptance before that position against past it, drafting k tokens a step. probe: the
+    probe that derived the arm; versus: where a probe's comparison with the measured candidate flips (rules.probe_flips),
+    thresholds like its own."""
     rival = acceptance_interval(candidate) if role == "control" and candidate and candidate.get("num_drafts") else None
-    return Questions(decision_thresholds(role, offline), MIN_CONTROL_DRAFTS if rival else MIN_DRAFTS,
-                     baseline_tok_s, speed_judged(role), rival, position_limit, max(1, k))
+    return Questions(decision_thresholds(role, offline) + tuple(versus), MIN_CONTROL_DRAFTS if rival else MIN_DRAFTS,
+                     baseline_tok_s, speed_judged(role, probe), rival, position_limit, max(1, k))
 
 
 @dataclass

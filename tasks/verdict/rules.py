@@ -240,6 +240,19 @@ PROBE_CAUSES = {
 }
 
 
+def probe_flips(probe: str, candidate: dict[str, float] | None) -> tuple[float, ...]:
+    """Where the probes rule's comparison (evidence.differs) flips for a probe arm against the measured candidate. It
+    differs upwards once both above the candidate's interval and PROBE_RATIO times its rate: a probe interval wholly
+    above the larger of the two does, one wholly below it never will (its point lies under one of them). Likewise
+    downwards, for a probe counted either way, at the smaller of the candidate's lower end and its rate over
+    PROBE_RATIO. Clear of these, a probe's window has settled what the rule asks of it."""
+    if probe not in PROBE_CAUSES or not candidate or not candidate.get("num_drafts"):
+        return ()
+    (lo, hi), rate = acceptance_interval(candidate), candidate.get("acceptance_rate", 0.0)
+    flips = (max(hi, PROBE_RATIO * rate),) + ((min(lo, rate / PROBE_RATIO),) if PROBE_CAUSES[probe][0] else ())
+    return tuple(round(t, 4) for t in flips)
+
+
 def probes(c: Case) -> Verdict | None:
     """One probe arm changed one thing; a large, significant change names the cause. A probe that changes nothing
     clear stays in the evidence: that thing was checked. Where several probes change acceptance, the first in the

@@ -171,7 +171,8 @@ def test_a_drafter_whose_steps_emit_many_tokens_settles_tok_s_against_draft_over
 def test_the_control_and_probes_need_only_their_acceptance():
     cfg, noisy = BenchConfig(), (5.0, 15.0, 8.0, 12.0)  # tok/s unsettled, overlapping the baseline
     assert verdict.speed_judged("candidate") and verdict.speed_judged("baseline")
-    assert not verdict.speed_judged("control") and not verdict.speed_judged("probe")
+    assert not verdict.speed_judged("control") and not verdict.speed_judged("probe", "raw_prompts")
+    assert verdict.speed_judged("probe", "k_sweep")  # the verdict recommends the k whose measured speedup is best
     control = decision_thresholds("control")
     # a control accepting 0.97 of 40 drafts is above 0.6 whatever more drafts say; its speed is not judged
     reason = should_stop(cfg, _progress(tok_s=noisy, baseline=(9.0, 11.0), drafts=40, rate=0.97, decisions=control,
@@ -182,6 +183,51 @@ def test_the_control_and_probes_need_only_their_acceptance():
     # unsettled acceptance still holds it, and a no-spec arm always needs its tok/s
     assert should_stop(cfg, _progress(tok_s=noisy, drafts=40, rate=0.5, decisions=control, judged=False)) == ""
     assert should_stop(cfg, _progress(tok_s=noisy, judged=False)) == ""
+
+
+def test_a_probe_settles_against_the_measured_candidate_where_the_probes_rule_would_flip():
+    """A probe arm's question is tasks/verdict/rules.probes's: does its acceptance differ from the candidate's (apart
+    from its interval, by PROBE_RATIO)? Clear of NEAR_ZERO and HEALTHY alone it has not settled that; clear of the
+    flips from the candidate's measured window as well, it has. A probe counted only upwards (control_mapping) has
+    no flips below the candidate."""
+    from tasks.verdict import probe_flips
+
+    cfg, cand = BenchConfig(), {"num_drafts": 400, "acceptance_rate": 0.30}  # [0.256-0.348]
+    flips = probe_flips("raw_prompts", cand)
+    assert flips == pytest.approx((0.45, 0.2))  # 1.5 x 0.30 lies above 0.348, 0.30 / 1.5 below 0.256
+    assert probe_flips("control_mapping", cand) == flips[:1] and probe_flips("k_sweep", cand) == ()
+    wide = {"num_drafts": 20, "acceptance_rate": 0.30}  # [0.145-0.519]: its ends lie beyond the ratios
+    assert probe_flips("raw_prompts", wide) == pytest.approx((0.5190, 0.1455), abs=1e-3)
+    assert probe_flips("raw_prompts", None) == () and probe_flips("raw_prompts", {"num_drafts": 0}) == ()
+
+    def stop(rate, drafts=60, probe="raw_prompts"):
+        asks = questions("probe", candidate=cand, probe=probe, versus=probe_flips(probe, cand))
+        return should_stop(cfg, Progress(10, 1000, 5.0, [10.0, 30.0] * 5, drafts, rate, asks))
+    # 0.45 of 60 drafts: [0.33-0.58], clear of 0.1 and 0.6 but holding 1.5x the candidate's rate
+    assert stop(0.45) == "" and questions("probe").decisions == decision_thresholds("probe")
+    assert "clear of the verdict's thresholds" in should_stop(cfg, Progress(10, 1000, 5.0, [10.0, 30.0] * 5, 60, 0.45,
+                                                                            questions("probe")))
+    assert "clear of the verdict's thresholds" in stop(0.80)  # [0.68-0.88]: far above, differs is settled
+    assert "clear of the verdict's thresholds" in stop(0.30, drafts=300)  # [0.25-0.35]: inside, no clear difference
+    assert stop(0.19, drafts=150) == ""  # [0.14-0.26]: below the candidate, holding its rate over 1.5
+    assert "clear of the verdict's thresholds" in stop(0.19, drafts=150, probe="control_mapping")  # counted upwards
+
+
+def test_each_probe_arm_is_asked_its_own_question():
+    """As the arm flow asks them (flows/arm._asks): a probe riding on the candidate's server gets the flips of the
+    candidate's window; a k_sweep arm, whose speedup picks the recommended k, settles its tok/s against the
+    baseline's; the control still compares with the candidate's interval."""
+    from flows.arm import _asks
+    from infra.arms import plan_arms
+    from infra.config import load_profile
+
+    plan = {a.name: a for a in plan_arms(load_profile("demo", sets=["probes=[k_sweep, raw_prompts]", "k_sweep=[2]"]))}
+    cand, base = {"num_drafts": 400, "acceptance_rate": 0.30}, [10.0, 11.0, 10.5]
+    raw = _asks(plan["smol-permuted@raw"], None, base, cand, False, None, ("e", "p"))
+    assert {0.45, 0.2} <= set(raw.decisions) and not raw.tok_s_judged
+    sweep = _asks(plan["smol-permuted@k=2"], None, base, cand, False, None, ("e", "p"))
+    assert sweep.tok_s_judged and sweep.baseline_tok_s and 0.45 not in sweep.decisions
+    assert _asks(plan["smol-self"], None, base, cand, False, None, ("e", "p")).rival is not None
 
 
 def test_the_thinking_switch_reaches_chat_requests_and_only_them():
