@@ -18,7 +18,8 @@ from tasks.speedup import k_sweep, speed_models
 from tasks.verdict.evidence import (HEALTHY, INTEGRATION_RATIO, MIN_DRAFTS, NEAR_ZERO, Verdict,
                                     acceptance_interval, decision_thresholds, offline_interval, probe_line, questions,
                                     speed_judged)
-from tasks.verdict.rules import RULES, decide, probe_flips
+from tasks.verdict.probes import probe_flips
+from tasks.verdict.rules import RULES, decide
 
 EVIDENCE = "evidence.json"  # the static findings and the offline evaluation, as the rules read them
 

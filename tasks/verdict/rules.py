@@ -21,7 +21,8 @@ from tasks.record import ArmResult
 from tasks.speedup import k_sweep, speed_models
 from tasks.verdict.evidence import (CONTROL_GOOD, HEALTHY, INTEGRATION_RATIO, MIN_CONTROL_DRAFTS, MIN_DRAFTS,
                                     NARROW, NEAR_ZERO, PROBE_RATIO, VOCAB_CODES, Verdict, acceptance_interval,
-                                    decision_thresholds, differs, fmt, fmt_offline, offline_interval, probe_line)
+                                    decision_thresholds, fmt, fmt_offline, offline_interval, probe_line)
+from tasks.verdict.probes import read_probes
 from tasks.verdict.settle import next_step, pairs_needed, settle, width
 
 
@@ -218,52 +219,12 @@ def _pays_open(v: Verdict, cand: ArmResult, results: list[ArmResult], sm, bound:
                    v.next_step or f"to settle the speedup, rerun with --fixed --fresh --prompts {need}", v.fix)
 
 
-# What a probe arm's clear difference from the candidate names: (either direction counts, cause, why, what to do).
-# The control_mapping probe counts only upwards: the control's mapping can only help a head whose own is wrong.
-PROBE_CAUSES = {
-    "control_mapping": (False, "vocab_mismatch", "with the control's d2t/t2d the same head accepts far more: its own "
-                        "vocabulary mapping is wrong", "regenerate the candidate's d2t/t2d from the data it was "
-                        "trained on, or reuse the control's"),
-    "graphs": (True, "integration", "acceptance changes with CUDA graphs / compilation alone: the engine's graph "
-               "path runs the drafter differently", "serve the drafter eager (speculative config enforce_eager) and "
-               "report it to the engine"),
-    "raw_prompts": (True, "template_mismatch", "the same prompts with and without the chat template give very "
-                    "different acceptance: the drafter was trained on another prompt format than it is served with",
-                    "benchmark and train with the serving chat template"),
-    "thinking": (True, "template_mismatch", "the same prompts with the template's thinking switched give very "
-                 "different acceptance: the drafter was trained with thinking the other way than it is served",
-                 "serve with the thinking mode the drafter was trained on, or train it on the served mode "
-                 "(chat_template_kwargs)"),
-    "temperature": (True, "sampling_mismatch", "greedy and sampled decoding accept very differently: the drafter "
-                    "matches the target's top token but not its sampled distribution", "judge it at the served "
-                    "temperature; train on sampled target outputs, or lower k for sampled traffic"),
-}
-
-
-def probe_flips(probe: str, candidate: dict[str, float] | None) -> tuple[float, ...]:
-    """Where the probes rule's comparison (evidence.differs) flips for a probe arm against the measured candidate. It
-    differs upwards once both above the candidate's interval and PROBE_RATIO times its rate: a probe interval wholly
-    above the larger of the two does, one wholly below it never will (its point lies under one of them). Likewise
-    downwards, for a probe counted either way, at the smaller of the candidate's lower end and its rate over
-    PROBE_RATIO. Clear of these, a probe's window has settled what the rule asks of it."""
-    if probe not in PROBE_CAUSES or not candidate or not candidate.get("num_drafts"):
-        return ()
-    (lo, hi), rate = acceptance_interval(candidate), candidate.get("acceptance_rate", 0.0)
-    flips = (max(hi, PROBE_RATIO * rate),) + ((min(lo, rate / PROBE_RATIO),) if PROBE_CAUSES[probe][0] else ())
-    return tuple(round(t, 4) for t in flips)
-
-
 def probes(c: Case) -> Verdict | None:
     """One probe arm changed one thing; a large, significant change names the cause. A probe that changes nothing
-    clear stays in the evidence: that thing was checked. Where several probes change acceptance, the first in the
-    plan names the cause and each other one is stated beside it, with its own cause and fix: both hold."""
-    fired, quiet = [], []
-    for p in (r for r in c.results if r.role == "probe" and r.ok and r.probe in PROBE_CAUSES):
-        both, cause, why, fix = PROBE_CAUSES[p.probe]
-        if differs(p.metrics, c.m) or (both and differs(c.m, p.metrics)):
-            fired.append((p, cause, why, fix))
-        else:
-            quiet.append(f"{probe_line(p)}: no clear difference from the candidate")
+    clear stays in the evidence: that thing was checked (or, undecided, said to be open). Where several probes change
+    acceptance, the first in the plan names the cause and each other one is stated beside it, with its own cause and
+    fix: both hold."""
+    fired, quiet = read_probes(c.results, c.m)
     if not fired:
         c.evidence += quiet
         return None

@@ -148,6 +148,23 @@ def test_every_probe_that_changes_acceptance_is_named_not_only_the_first():
     assert any(e.startswith("c@enable_thinking=false") and "no clear difference" in e for e in v.evidence)
 
 
+def test_a_probe_that_could_still_differ_from_the_candidate_is_open_not_checked():
+    """"No clear difference" is a finding only where the probe's interval lies clear of where the comparison flips
+    (tasks/verdict/probes.probe_flips: 1.5 x 0.30 and 0.30 / 1.5 here) over the rule's floor of drafts; a probe run
+    to its cap short of that says the question is open and what settling it costs."""
+    def quiet(p):
+        v = decide([BASE, arm("cand", "candidate", 0.30, drafts=400), arm("ctl", "control", 0.99), p], {})
+        return next(e for e in v.evidence if e.startswith(p.arm))
+    checked = quiet(probe("c@raw", "raw_prompts", 0.31, drafts=300))  # [0.26-0.36]: between the flips
+    assert checked.endswith("no clear difference from the candidate"), checked
+    wide = probe("c@raw", "raw_prompts", 0.40, drafts=40)  # [0.26-0.55]: holds 0.45
+    wide.metrics.update(requests_ok=3.0, bench_duration_s=6.0)
+    line = quiet(wide)
+    assert "whether it differs from the candidate is open" in line and "clear of 0.45, 0.2" in line, line
+    assert "more requests" in line
+    assert "is open" in quiet(probe("c@raw", "raw_prompts", 0.30, drafts=20))  # under the rule's 30 drafts
+
+
 def test_probe_arms_are_planned_from_the_candidate():
     from infra.arms import plan_arms
     from infra.config import load_profile
