@@ -89,7 +89,8 @@ def speed_models(results: list[ArmResult]) -> dict[str, SpeedModel]:
 
 def k_sweep(results: list[ArmResult]) -> tuple[str | None, int | None]:
     """The candidate and its k_sweep probe arms side by side: predicted vs measured speedup per k, and the k with
-    the best measured speedup (None when no k_sweep arm ran)."""
+    the best measured speedup: None when no k_sweep arm ran, or when that k's interval still reaches the served k's
+    (the line says so: the point estimates alone would pick a k at random among equals)."""
     cand = next((r for r in results if r.role == "candidate" and r.ok), None)
     sweep = [r for r in results if r.probe == "k_sweep" and r.ok]
     models = speed_models(results)
@@ -104,5 +105,8 @@ def k_sweep(results: list[ArmResult]) -> tuple[str | None, int | None]:
     if not rows:
         return None, None
     best = max(rows, key=lambda row: row[2][0])
+    served = next((m for k, _, m in rows if k == cand.k), None)
+    clear = best[0] == cand.k or served is None or best[2][1] > served[2]
     cells = [f"k={k}: predicted {p:.3f}x, measured {m[0]:.3f}x [{m[1]:.3f}-{m[2]:.3f}]" for k, p, m in rows]
-    return f"k_sweep: {'; '.join(cells)}; best measured k={best[0]}", best[0]
+    tail = "" if clear else f", not clearly: its interval reaches that of k={cand.k} as served"
+    return f"k_sweep: {'; '.join(cells)}; best measured k={best[0]}{tail}", best[0] if clear else None

@@ -110,6 +110,11 @@ def test_k_sweep_prints_predicted_and_measured_per_k_and_picks_the_best_measured
     assert best == 2 and line.count("predicted") == 3 and "k=2: predicted 1.152x, measured 1.200x" in line
     v = decide([BASE, cand, k1, k2], {})
     assert v.cause == "draft_overhead" and "k=2 (the best measured" in v.next_step
+    # k=2 ahead by its mean only, its interval reaching k=4's: no k is named as measured best
+    k1.request_tok_s, k2.request_tok_s = [26, 27, 25, 26, 26], [22, 40, 30, 24, 38]
+    line, best = k_sweep([BASE, cand, k1, k2])
+    assert best is None and "best measured k=2, not clearly: its interval reaches that of k=4" in line, line
+    assert "the best measured" not in decide([BASE, cand, k1, k2], {}).next_step
 
 
 def test_an_arm_measured_on_a_warm_shared_server_gets_no_measured_speedup():
