@@ -54,6 +54,7 @@ class Progress:
     # (accepted, drafted) draft tokens before and past asks.position_limit, from each request's own counts; None where
     # the question is not asked or the engine gives no per-request counts (the verdict then cannot ask it either)
     split: tuple[tuple[float, float], tuple[float, float]] | None = None
+    accepted_per_draft: float = 0.0  # accepted draft tokens per draft (the engine's counters): a step emits 1 more
 
 
 def should_stop(cfg: BenchConfig, p: Progress) -> str:
@@ -67,10 +68,9 @@ def should_stop(cfg: BenchConfig, p: Progress) -> str:
     mean, lo, hi = mean_interval(p.request_tok_s)
     tok_rel = (hi - lo) / 2 / mean if mean > 0 else float("inf")
     q = p.asks
-    # tokens a step emits, 1 + k x acceptance: the verdict counts accepted tokens per draft, the same where every draft
-    # is k tokens long. Like the rest of this rule it compares unpaired intervals, a conservative stand-in for the
-    # verdict's paired speedup.
-    base, bound = q.baseline_tok_s, pays_bound(1 + q.k * p.accepted_rate) if p.drafts else 1.0
+    # tokens a step emits, 1 + accepted tokens per draft, as the verdict counts them. Like the rest of this rule it
+    # compares unpaired intervals, a conservative stand-in for the verdict's paired speedup.
+    base, bound = q.baseline_tok_s, pays_bound(1 + p.accepted_per_draft) if p.drafts else 1.0
     if tok_rel <= cfg.tok_s_rel_half_width:
         tok = f"known to +-{tok_rel:.0%}"
     elif base and (lo > bound * base[1] or hi < bound * base[0]):

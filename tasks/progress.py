@@ -10,7 +10,7 @@ from prefect.context import TaskRunContext
 
 
 class BenchProgress:
-    def __init__(self, arm: str, total: int, spec_so_far: Callable[[], tuple[float, float]] | None,
+    def __init__(self, arm: str, total: int, spec_so_far: Callable[[], tuple[float, ...]] | None,
                  every_s: float = 10.0):
         self.arm, self.total, self.spec_so_far, self.every_s = arm, total, spec_so_far, every_s
         self.next_print = time.monotonic() + every_s
@@ -25,6 +25,6 @@ class BenchProgress:
         self.next_print = time.monotonic() + self.every_s
         spec = ""
         if self.spec_so_far:
-            drafts, rate = self.spec_so_far()
+            drafts, rate = self.spec_so_far()[:2]
             spec = f", acceptance so far {rate:.3f} over {drafts:.0f} drafts" if drafts else ", no drafts yet"
         print(f"[{self.arm}] benchmark: {done}/{self.total} requests, {tokens} tokens{spec}, {elapsed:.0f} s")

@@ -36,10 +36,12 @@ def _counters(server: Server) -> vllm.SpecCounters:
 
 
 def spec_window(server: Server, before: Snapshot):
-    """A callable giving (drafts, acceptance rate) since `before`: the early stop reads it mid-window."""
-    def so_far() -> tuple[float, float]:
+    """A callable giving (drafts, acceptance rate, accepted tokens per draft) since `before`: the early stop reads it
+    mid-window."""
+    def so_far() -> tuple[float, float, float]:
         delta = _counters(server) - before.counters
-        return delta.num_drafts, (delta.num_accepted_tokens / delta.num_draft_tokens if delta.num_draft_tokens else 0.0)
+        return (delta.num_drafts, delta.num_accepted_tokens / delta.num_draft_tokens if delta.num_draft_tokens else 0.0,
+                delta.num_accepted_tokens / delta.num_drafts if delta.num_drafts else 0.0)
     return so_far
 
 

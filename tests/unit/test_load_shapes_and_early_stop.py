@@ -3,6 +3,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import httpx
 import numpy as np
@@ -37,7 +38,7 @@ def null_server():
 
 def test_fixed_concurrency_counts_every_token_and_percentiles_are_numpys(null_server, capsys):
     cfg = BenchConfig(max_tokens=20, concurrency=4)
-    result = benchmark.fn(null_server, cfg, ["hello"] * 12, spec_so_far=lambda: (30.0, 0.25), arm="cand")
+    result = benchmark.fn(null_server, cfg, ["hello"] * 12, spec_so_far=lambda: (30.0, 0.25, 1.0), arm="cand")
     # the progress line, at least at the end: requests, tokens and the acceptance so far
     assert "[cand] benchmark: 12/12 requests, 240 tokens, acceptance so far 0.250 over 30 drafts" in \
         capsys.readouterr().out
@@ -160,12 +161,16 @@ def test_a_drafter_whose_steps_emit_many_tokens_settles_tok_s_against_draft_over
     of 2.3 times the baseline's interval does (tasks/verdict/rules.draft_overhead tests the same bound)."""
     cfg, noisy = BenchConfig(), (5.0, 15.0, 8.0, 12.0)  # mean 10 +-27%
 
-    def stop(baseline, rate=0.9, k=4):
-        return should_stop(cfg, _progress(tok_s=noisy, baseline=baseline, drafts=400, rate=rate, k=k))
+    def stop(baseline, rate=0.9, k=4, per_draft=None):  # drafts of k tokens each, unless told
+        progress = _progress(tok_s=noisy, baseline=baseline, drafts=400, rate=rate, k=k)
+        return should_stop(cfg, replace(progress, accepted_per_draft=k * rate if per_draft is None else per_draft))
     assert stop((2.0, 4.0)) == ""  # 2.5-5x the baseline: faster, but 2.3 x [2, 4] = [4.6, 9.2] still overlaps
     assert "clear of 2.3x the baseline's [1.0-2.0]" in stop((1.0, 2.0))
     assert "clear of the baseline's [2.0-4.0]" in stop((2.0, 4.0), rate=0.2)  # 1.8 tokens a step: the bound is 1
     assert "clear of 2.3x the baseline's [20.0-22.0]" in stop((20.0, 22.0))  # a slowdown is clear of both
+    # the tokens a step emits are counted per draft, as the verdict's speed model counts them: n-gram drafts shorter
+    # than k (0.9 of 1.1 draft tokens accepted) emit 1.99 tokens a step, not 4.6, and the bound is 1
+    assert "clear of the baseline's [2.0-4.0]" in stop((2.0, 4.0), per_draft=0.99)
 
 
 def test_the_control_and_probes_need_only_their_acceptance():
