@@ -79,7 +79,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
             first.ev.metrics["server_ready_s"] = wait_healthy(server, cfg.health_timeout_s)
             ready = True
             first.measure(cfg, server, prompts, _asks(arm, offline, baseline_tok_s, candidate, beside, tracker, where))
-        # riders on the candidate's own server compare with its window, just measured (probes: tasks.verdict.probe_flips)
+        # riders on the candidate's own server compare with its window, just measured (tasks.verdict.probe_flips)
         measured = first.ev.metrics if arm.role == "candidate" and first.result.ok else None
         for rider in riders or []:  # the same server, one window each
             windows.append(w := Window.start(tracker, rider.arm, where, rider.offline, rider.fingerprint))

@@ -187,9 +187,9 @@ def warmup(base_url: str, cfg: BenchConfig, prompts: list[str]) -> None:
 def benchmark(base_url: str, cfg: BenchConfig, prompts: list[str],
               spec_so_far: Callable[[], tuple[float, float, float]] | None = None,
               asks: Questions | Callable[[], Questions] = Questions(), arm: str = "arm") -> BenchResult:
-    """spec_so_far: (drafts, acceptance rate, accepted tokens per draft) of the window so far, for the early stop and the progress lines; None
-    without spec decode. asks: what the verdict will ask of this arm's numbers, for the early stop
-    (tasks/earlystop.py), or what gives it as the other arms' numbers come in (tasks/reuse.asked_beside)."""
+    """spec_so_far: (drafts, acceptance rate, accepted tokens per draft) of the window so far, for the early stop and
+    the progress lines; None without spec decode. asks: what the verdict will ask of this arm's numbers, for the
+    early stop (tasks/earlystop.py), or what gives it as the other arms' numbers come in (tasks/reuse.asked_beside)."""
     def stop_check(records: list[RequestRecord], elapsed: float) -> str:
         ok, q = [r for r in records if r.ok], asks() if callable(asks) else asks
         drafts, rate, per_draft = spec_so_far() if spec_so_far else (None, 0.0, 0.0)

@@ -23,9 +23,9 @@ from tasks.verdict.rules import RULES, decide
 
 EVIDENCE = "evidence.json"  # the static findings and the offline evaluation, as the rules read them
 
-__all__ = ["EVIDENCE", "assemble", "HEALTHY", "INTEGRATION_RATIO", "MIN_DRAFTS", "NEAR_ZERO", "RULES", "Verdict", "acceptance_interval",
-           "arm_verdicts", "decide", "decision_thresholds", "offline_interval", "probe_flips", "questions", "speed_judged", "throughput_lines",
-           "verdict"]
+__all__ = ["EVIDENCE", "assemble", "HEALTHY", "INTEGRATION_RATIO", "MIN_DRAFTS", "NEAR_ZERO", "RULES", "Verdict",
+           "acceptance_interval", "arm_verdicts", "decide", "decision_thresholds", "offline_interval", "probe_flips",
+           "questions", "speed_judged", "throughput_lines", "verdict"]
 
 
 def throughput_lines(results: list[ArmResult]) -> list[str]:

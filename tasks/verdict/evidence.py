@@ -52,8 +52,8 @@ def questions(role: str, offline: dict[str, float] | None = None, baseline_tok_s
     its thresholds (versus_control's question), over the rules' floor for a control, MIN_CONTROL_DRAFTS.
     position_limit: the positions its drafter declares, where the server serves more (static check position_limit):
     context_limit's question, acceptance before that position against past it, drafting k tokens a step. probe: the
-    probe that derived the arm; versus: where a probe's comparison with the measured candidate flips (rules.probe_flips),
-    thresholds like its own."""
+    probe that derived the arm; versus: where a probe's comparison with the measured candidate flips
+    (probes.probe_flips), thresholds like its own."""
     rival = acceptance_interval(candidate) if role == "control" and candidate and candidate.get("num_drafts") else None
     return Questions(decision_thresholds(role, offline) + tuple(versus), MIN_CONTROL_DRAFTS if rival else MIN_DRAFTS,
                      baseline_tok_s, speed_judged(role, probe), rival, position_limit, max(1, k))
