@@ -34,7 +34,7 @@ from tasks.record import ArmEvidence, ArmResult, arm_run, known_before, record_a
 from tasks.reuse import FINGERPRINT, arm_result, asked_beside
 from tasks.scrape import counter_metrics, log_crosscheck, scrape, spec_totals, spec_window
 from tasks.teardown import stop_unreturned, teardown
-from tasks.verdict import probe_flips, questions, speed_judged
+from tasks.verdict import questions, speed_judged
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
             first.ev.metrics["server_ready_s"] = wait_healthy(server, cfg.health_timeout_s)
             ready = True
             first.measure(cfg, server, prompts, _asks(arm, offline, baseline_tok_s, candidate, beside, tracker, where))
-        # riders on the candidate's own server compare with its window, just measured (tasks.verdict.probe_flips)
+        # riders on the candidate's own server compare with its window, just measured (tasks/verdict/asks.py)
         measured = first.ev.metrics if arm.role == "candidate" and first.result.ok else None
         for rider in riders or []:  # the same server, one window each
             windows.append(w := Window.start(tracker, rider.arm, where, rider.offline, rider.fingerprint))
@@ -199,8 +199,7 @@ def _asks(arm: Arm, offline, baseline_tok_s, candidate, beside: bool, tracker: T
     def ask(learned: dict):
         tok_s, cand = learned.get("baseline", baseline_tok_s), learned.get("candidate", candidate)
         return questions(arm.role, offline, mean_interval(tok_s)[1:] if tok_s and len(tok_s) > 1 else None, cand,
-                         arm.position_limit, arm.spec.num_speculative_tokens if arm.spec else 1, arm.probe,
-                         probe_flips(arm.probe, cand) if arm.role == "probe" else ())
+                         arm.position_limit, arm.spec.num_speculative_tokens if arm.spec else 1, arm.probe)
     wants = {"candidate": candidate} if arm.role in ("control", "probe") else {}
     if speed_judged(arm.role, arm.probe) and arm.role != "baseline":
         wants["baseline"] = baseline_tok_s

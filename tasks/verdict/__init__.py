@@ -15,8 +15,9 @@ from tasks.inspect import Finding
 from tasks.offline import OfflineResult
 from tasks.record import ArmResult
 from tasks.speedup import k_sweep, speed_models
+from tasks.verdict.asks import questions
 from tasks.verdict.evidence import (HEALTHY, INTEGRATION_RATIO, MIN_DRAFTS, NEAR_ZERO, Verdict,
-                                    acceptance_interval, decision_thresholds, offline_interval, probe_line, questions,
+                                    acceptance_interval, decision_thresholds, offline_interval, probe_line,
                                     speed_judged)
 from tasks.verdict.probes import probe_flips
 from tasks.verdict.rules import RULES, decide

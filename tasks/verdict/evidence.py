@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from infra.stats import wilson
-from tasks.earlystop import MIN_DRAFTS, Questions
+from tasks.earlystop import MIN_DRAFTS
 
 VOCAB_CODES = {"d2t_missing", "d2t_shape", "d2t_range", "d2t_duplicates", "d2t_scrambled", "d2t_partial",
                "embedding_mismatch", "tokenizer"}
@@ -42,21 +42,6 @@ def speed_judged(role: str, probe: str = "") -> bool:
     """Whether the verdict reads this arm's tok/s (the speedup over the baseline), not only its acceptance: a k_sweep
     probe's too, since the verdict recommends the k whose measured speedup is best."""
     return role not in ("control", "probe") or probe == "k_sweep"
-
-
-def questions(role: str, offline: dict[str, float] | None = None, baseline_tok_s: tuple[float, float] | None = None,
-              candidate: dict[str, float] | None = None, position_limit: int = 0, k: int = 1, probe: str = "",
-              versus: tuple[float, ...] = ()) -> Questions:
-    """What the rules will ask of an arm of this role, for its early stop. candidate: the candidate arm's metrics,
-    where it was measured first: the control is then settled once clear of the candidate's interval as well as of
-    its thresholds (versus_control's question), over the rules' floor for a control, MIN_CONTROL_DRAFTS.
-    position_limit: the positions its drafter declares, where the server serves more (static check position_limit):
-    context_limit's question, acceptance before that position against past it, drafting k tokens a step. probe: the
-    probe that derived the arm; versus: where a probe's comparison with the measured candidate flips
-    (probes.probe_flips), thresholds like its own."""
-    rival = acceptance_interval(candidate) if role == "control" and candidate and candidate.get("num_drafts") else None
-    return Questions(decision_thresholds(role, offline) + tuple(versus), MIN_CONTROL_DRAFTS if rival else MIN_DRAFTS,
-                     baseline_tok_s, speed_judged(role, probe), rival, position_limit, max(1, k))
 
 
 @dataclass

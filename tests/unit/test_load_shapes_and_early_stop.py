@@ -206,7 +206,7 @@ def test_a_probe_settles_against_the_measured_candidate_where_the_probes_rule_wo
     assert probe_flips("raw_prompts", None) == () and probe_flips("raw_prompts", {"num_drafts": 0}) == ()
 
     def stop(rate, drafts=60, probe="raw_prompts"):
-        asks = questions("probe", candidate=cand, probe=probe, versus=probe_flips(probe, cand))
+        asks = questions("probe", candidate=cand, probe=probe)
         return should_stop(cfg, Progress(10, 1000, 5.0, [10.0, 30.0] * 5, drafts, rate, asks))
     # 0.45 of 60 drafts: [0.33-0.58], clear of 0.1 and 0.6 but holding 1.5x the candidate's rate
     assert stop(0.45) == "" and questions("probe").decisions == decision_thresholds("probe")
