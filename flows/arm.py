@@ -23,7 +23,6 @@ from infra.executor import executor_for
 from infra.fingerprint import digest
 from infra.hostlock import host_lock
 from infra.spread import RemoteRuns
-from infra.stats import mean_interval
 from infra.tracking import Tracker, interruption, signal_name
 from tasks.acceptance import request_acceptance, request_metrics
 from tasks.bench import benchmark, sweep, sweep_metrics, warmup
@@ -80,7 +79,8 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
             ready = True
             first.measure(cfg, server, prompts, _asks(arm, offline, baseline_tok_s, candidate, beside, tracker, where))
         # riders on the candidate's own server compare with its window, just measured (tasks/verdict/asks.py)
-        measured = first.ev.metrics if arm.role == "candidate" and first.result.ok else None
+        measured = first.ev.metrics | request_metrics(first.ev.bench.records) \
+            if arm.role == "candidate" and first.result.ok else None  # as the verdict reads it: spread over requests
         for rider in riders or []:  # the same server, one window each
             windows.append(w := Window.start(tracker, rider.arm, where, rider.offline, rider.fingerprint))
             w.result.served_with = arm.name
@@ -198,7 +198,7 @@ def _asks(arm: Arm, offline, baseline_tok_s, candidate, beside: bool, tracker: T
     is judged."""
     def ask(learned: dict):
         tok_s, cand = learned.get("baseline", baseline_tok_s), learned.get("candidate", candidate)
-        return questions(arm.role, offline, mean_interval(tok_s)[1:] if tok_s and len(tok_s) > 1 else None, cand,
+        return questions(arm.role, offline, tuple(tok_s or ()), cand,
                          arm.position_limit, arm.spec.num_speculative_tokens if arm.spec else 1, arm.probe)
     wants = {"candidate": candidate} if arm.role in ("control", "probe") else {}
     if speed_judged(arm.role, arm.probe) and arm.role != "baseline":

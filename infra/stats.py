@@ -1,4 +1,5 @@
-"""The statistics the verdict and the early stop share: a proportion's Wilson interval, a mean's t-interval."""
+"""The statistics the verdict and the early stop share: a proportion's Wilson interval, a mean's t-interval, a
+speedup's interval."""
 from __future__ import annotations
 
 import numpy as np
@@ -38,3 +39,24 @@ def ratio_interval(num: list[float], den: list[float]) -> tuple[float, float, fl
     se = np.sqrt(d.size / (d.size - 1) * np.sum(resid ** 2)) / d.sum()
     half = stdtrit(d.size - 1, 0.975) * se
     return float(r), max(0.0, float(r - half)), min(1.0, float(r + half))
+
+
+def speedup_interval(arm: list[float], base: list[float]) -> tuple[float, float, float] | None:
+    """An arm's per-request tok/s over the baseline's: the geometric mean ratio with its 95% interval, on the logs.
+    Over as many requests as the baseline, paired by prompt: every arm serves the same prompts in the same order, so
+    request i of both shares a prompt and its length, and the t-interval of the log ratios leaves the prompts' spread
+    out. Where the early stop ended the two at different counts, every request of both counts instead: the mean logs'
+    difference with Welch's interval, so that no request measured for the comparison is dropped from it. None with
+    fewer than two requests on either side (no spread to make an interval from)."""
+    a, b = np.log(np.asarray(arm, dtype=float)), np.log(np.asarray(base, dtype=float))
+    if a.size < 2 or b.size < 2:
+        return None
+    if a.size == b.size:
+        mean, lo, hi = mean_interval(list(a - b))
+    else:
+        va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+        df = (va + vb) ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1)) if va + vb > 0 else 1.0
+        mean = float(a.mean() - b.mean())
+        half = stdtrit(df, 0.975) * (np.sqrt(va + vb) or 1e-12)
+        lo, hi = mean - half, mean + half
+    return float(np.exp(mean)), float(np.exp(lo)), float(np.exp(hi))

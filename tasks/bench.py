@@ -47,6 +47,7 @@ class BenchResult:
     records: list[RequestRecord]
     duration_s: float
     stop_reason: str = ""  # why the early stop ended the window, if it did
+    asked: str = ""  # what the verdict asked of the window when it ended (Questions.describe), with the early stop on
 
     def frame(self) -> pd.DataFrame:
         rows = [{**asdict(r), **{k: json.dumps(v) for k, v in asdict(r).items() if isinstance(v, list)},
@@ -190,8 +191,11 @@ def benchmark(base_url: str, cfg: BenchConfig, prompts: list[str],
     """spec_so_far: (drafts, acceptance rate, accepted tokens per draft) of the window so far, for the early stop and
     the progress lines; None without spec decode. asks: what the verdict will ask of this arm's numbers, for the
     early stop (tasks/earlystop.py), or what gives it as the other arms' numbers come in (tasks/reuse.asked_beside)."""
+    asked = []
+
     def stop_check(records: list[RequestRecord], elapsed: float) -> str:
         ok, q = [r for r in records if r.ok], asks() if callable(asks) else asks
+        asked[:] = [q.describe()]
         drafts, rate, per_draft = spec_so_far() if spec_so_far else (None, 0.0, 0.0)
         by_request = request_metrics(ok) if q.position_limit else {}  # {}: the engine gave no per-request counts
         return should_stop(cfg, Progress(len(ok), sum(r.completion_tokens for r in ok), elapsed,
@@ -211,6 +215,7 @@ def benchmark(base_url: str, cfg: BenchConfig, prompts: list[str],
     except BaseException as exc:  # Ctrl-C, SIGTERM: the requests that finished are still measured
         exc.result = BenchResult(sorted(records, key=lambda r: r.index), time.perf_counter() - start)
         raise
+    result.asked = asked[0] if asked else ""
     if result.stop_reason:
         print(f"[{arm}] early stop after {len(result.records)} of {len(prompts)} requests: {result.stop_reason}")
     elif cfg.early_stop:

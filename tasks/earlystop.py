@@ -7,22 +7,23 @@ lies clear of every threshold the verdict will test this arm against (`decisions
 drafter at 0.36 need not be pinned to +-0.05 for the verdict to call it "below 0.6 and above 0.1". The control is
 also compared with the candidate: measured after it, it settles once clear of the candidate's interval too (`rival`),
 over the verdict's floor for a control (few drafts, since a good control accepts whole drafts). Likewise tok/s
-is known well enough once narrow (`tok_s_rel_half_width`) or clear of the baseline arm's interval: the speedup's
-side of 1 is then settled (for a drafter whose steps emit more than 2 tokens, clear of that interval times half of
-them: draft_overhead's other bound). Arms whose speed the verdict does not judge (the control, probes: only their
-acceptance is compared) need not settle tok/s at all. A drafter served past the positions it declares (static check
-position_limit) is also asked context_limit's question: its acceptance before that position against past it, from
-each request's own counts. That is settled once both sides hold the verdict's floor of drafts and their intervals
-are apart or both narrow; until then the window goes on (to the cap, where no sequence passes the limit). A token
-or time budget stops the window regardless. Checking after every request makes the nominal 95% slightly optimistic;
-the targets are set tighter than the verdict's margins to absorb that.
+is known well enough once narrow (`tok_s_rel_half_width`) or once the verdict's own speedup interval over the
+baseline arm's requests (infra.stats.speedup_interval) lies clear of 1: the speedup's side of 1 is then settled (for a
+drafter whose steps emit more than 2 tokens, clear of half of them: draft_overhead's other bound). Arms whose speed
+the verdict does not judge (the control, probes: only their acceptance is compared) need not settle tok/s at all. A
+drafter served past the positions it declares (static check position_limit) is also asked context_limit's question:
+its acceptance before that position against past it, from each request's own counts. That is settled once both
+sides hold the verdict's floor of drafts and their intervals are apart or both narrow; until then the window goes on
+(to the cap, where no sequence passes the limit). A token or time budget stops the window regardless. Checking after
+every request makes the nominal 95% slightly optimistic; the targets are set tighter than the verdict's margins to
+absorb that.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from infra.config import BenchConfig
-from infra.stats import mean_interval, wilson
+from infra.stats import mean_interval, speedup_interval, wilson
 
 MIN_DRAFTS = 30  # below this, no interval is narrow enough to decide anything (the verdict's floor, tasks/verdict)
 
@@ -33,11 +34,28 @@ class Questions:
 
     decisions: tuple[float, ...] = ()  # acceptance thresholds the verdict compares this arm with
     min_drafts: int = MIN_DRAFTS  # the verdict decides nothing from fewer drafts of this arm
-    baseline_tok_s: tuple[float, float] | None = None  # the baseline arm's per-request tok/s interval, if measured
+    baseline_tok_s: tuple[float, ...] = ()  # the baseline arm's per-request tok/s, once measured
     tok_s_judged: bool = True  # False: the verdict reads only this arm's acceptance (tasks.verdict.speed_judged)
     rival: tuple[float, float] | None = None  # the acceptance interval this arm's is compared with, if measured
     position_limit: int = 0  # the drafter's declared positions, where served past them: context_limit's question
     k: int = 1  # draft tokens per draft: drafts on either side of position_limit count as draft tokens / k
+
+    def describe(self) -> str:
+        """What the window was measured towards, in words: the arm's run records it (tag specdiag.asked)."""
+        said = [f"acceptance against {', '.join(f'{t:g}' for t in sorted(self.decisions))}"] if self.decisions else []
+        if self.rival:
+            said.append(f"acceptance against the compared arm's [{self.rival[0]:.3f}-{self.rival[1]:.3f}]")
+        if said:
+            said.append(f"over at least {self.min_drafts} drafts")
+        if self.position_limit:
+            said.append(f"acceptance before position {self.position_limit} against past it")
+        if not self.tok_s_judged:
+            said.append("tok/s not judged")
+        elif self.baseline_tok_s:
+            said.append(f"tok/s against the baseline's {len(self.baseline_tok_s)} requests")
+        else:
+            said.append("tok/s to its own precision")
+        return "; ".join(said)
 
 
 @dataclass(frozen=True)
@@ -68,14 +86,13 @@ def should_stop(cfg: BenchConfig, p: Progress) -> str:
     mean, lo, hi = mean_interval(p.request_tok_s)
     tok_rel = (hi - lo) / 2 / mean if mean > 0 else float("inf")
     q = p.asks
-    # tokens a step emits, 1 + accepted tokens per draft, as the verdict counts them. Like the rest of this rule it
-    # compares unpaired intervals, a conservative stand-in for the verdict's paired speedup.
-    base, bound = q.baseline_tok_s, pays_bound(1 + p.accepted_per_draft) if p.drafts else 1.0
+    # the verdict's own speedup and the bound it tests it against, tokens a step emits counted as the verdict does
+    speedup = speedup_interval(p.request_tok_s, list(q.baseline_tok_s or ()))
+    bound = pays_bound(1 + p.accepted_per_draft) if p.drafts else 1.0
     if tok_rel <= cfg.tok_s_rel_half_width:
         tok = f"known to +-{tok_rel:.0%}"
-    elif base and (lo > bound * base[1] or hi < bound * base[0]):
-        times = f"{bound:.3g}x " if bound > 1 else ""
-        tok = f"[{lo:.1f}-{hi:.1f}] clear of {times}the baseline's [{base[0]:.1f}-{base[1]:.1f}]"
+    elif speedup and not speedup[1] <= bound <= speedup[2]:
+        tok = f"{speedup[0]:.3f}x the baseline [{speedup[1]:.3f}-{speedup[2]:.3f}], clear of {bound:.3g}x"
     elif q.tok_s_judged or p.drafts is None:
         return ""
     else:

@@ -75,6 +75,8 @@ def record_arm(tracker: Tracker, result: ArmResult, params: dict[str, str], ev: 
             tracker.table(run, ev.bench.frame(), "requests.csv")
             if ev.bench.stop_reason:
                 tracker.tag(run, "specdiag.early_stop", ev.bench.stop_reason)
+            if ev.bench.asked:
+                tracker.tag(run, "specdiag.asked", ev.bench.asked[:500])
         if ev.sweep is not None:
             tracker.table(run, ev.sweep, "concurrency_sweep.csv")
         if ev.before:

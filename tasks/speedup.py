@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from infra.stats import mean_interval
+from infra.stats import speedup_interval as tok_s_ratio
 from tasks.record import ArmResult
 
 
@@ -50,17 +48,10 @@ class SpeedModel:
 
 
 def speedup_interval(r: ArmResult, base: ArmResult) -> tuple[float, float, float] | None:
-    """The tok/s ratio to the baseline with its 95% interval, paired by prompt: every arm serves the same prompts in
-    the same order, so request i of one arm and of the baseline share a prompt and its length; the t-interval of
-    the log ratios leaves the prompts' spread out (the geometric mean ratio and its bounds). None for an arm measured
-    on another arm's server, after it: it met the prompts' prefixes cached, so its tok/s (TTFT included) reads high
-    against the baseline's cold server; only the TPOT-based model speaks for it."""
-    n = min(len(r.request_tok_s), len(base.request_tok_s))
-    if n < 2 or r.served_with:  # one request has no spread to make an interval from
-        return None
-    logs = np.log(np.asarray(r.request_tok_s[:n], dtype=float) / np.asarray(base.request_tok_s[:n], dtype=float))
-    mean, lo, hi = mean_interval(list(logs))
-    return float(np.exp(mean)), float(np.exp(lo)), float(np.exp(hi))
+    """The arm's tok/s over the baseline's with its 95% interval (infra.stats.speedup_interval, which the early stop
+    settles too). None for an arm measured on another arm's server, after it: it met the prompts' prefixes cached, so
+    its tok/s (TTFT included) reads high against the baseline's cold server; only the TPOT-based model speaks for it."""
+    return None if r.served_with else tok_s_ratio(r.request_tok_s, base.request_tok_s)
 
 
 def model(r: ArmResult, base: ArmResult, k: int) -> SpeedModel | None:

@@ -7,7 +7,7 @@ from tasks.verdict.evidence import MIN_CONTROL_DRAFTS, acceptance_interval, deci
 from tasks.verdict.probes import probe_flips
 
 
-def questions(role: str, offline: dict[str, float] | None = None, baseline_tok_s: tuple[float, float] | None = None,
+def questions(role: str, offline: dict[str, float] | None = None, baseline_tok_s: tuple[float, ...] = (),
               candidate: dict[str, float] | None = None, position_limit: int = 0, k: int = 1,
               probe: str = "") -> Questions:
     """candidate: the candidate arm's metrics, where it was measured first: a control is then settled once clear of

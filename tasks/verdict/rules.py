@@ -207,11 +207,12 @@ def _pays_open(v: Verdict, cand: ArmResult, results: list[ArmResult], sm, bound:
     """Healthy acceptance, and draft_overhead's question still open: the measured speedup's interval holds its bound.
     The verdict stays `healthy` (acceptance is what it names) and says what would settle whether the drafter pays."""
     base = next(r for r in results if r.role == "baseline" and r.ok)
-    pairs = min(len(cand.request_tok_s), len(base.request_tok_s))
+    n, n_base = len(cand.request_tok_s), len(base.request_tok_s)
+    over = f"{n} prompts" if n == n_base else f"{n} requests against the baseline's {n_base}"
     mean, lo, hi = sm.measured
-    line = f"whether {cand.arm} pays is open: its measured speedup {mean:.3f}x [{lo:.3f}-{hi:.3f}] over {pairs} " \
-           f"prompts holds {bound:.3g}, under which its drafting would cost more than it saves"
-    need = pairs_needed(sm.measured, pairs, bound)
+    line = f"whether {cand.arm} pays is open: its measured speedup {mean:.3f}x [{lo:.3f}-{hi:.3f}] over {over} " \
+           f"holds {bound:.3g}, under which its drafting would cost more than it saves"
+    need = pairs_needed(cand.request_tok_s, base.request_tok_s, bound)
     if need is None:
         return Verdict(v.cause, v.evidence + [line + ": it sits on that bound, and no number of prompts settles it"],
                        v.next_step, v.fix)

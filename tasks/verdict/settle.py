@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from scipy.special import stdtrit
 
-from infra.stats import wilson
+from infra.stats import speedup_interval, wilson
 from tasks.verdict.evidence import acceptance_interval
 
 
@@ -69,13 +71,15 @@ def settle(arm: str, m: dict[str, float], clear_of: tuple[float, ...] = (), half
     return f"{line}; settling it costs {cost}", int(ok + extra)
 
 
-def pairs_needed(measured: tuple[float, float, float], pairs: int, bound: float, most: int = 10000) -> int | None:
-    """The fewest prompt pairs (at least `pairs`) at which a paired speedup measured as (mean, lo, hi) over `pairs`
-    pairs would lie clear of `bound`, at the same spread of log ratios; None when none up to `most` would (a speedup
-    on the bound itself) or the spread is not known."""
-    mean, lo, hi = measured
-    if pairs < 2 or not 0 < lo <= mean <= hi:
+def pairs_needed(arm_tok_s: list[float], base_tok_s: list[float], bound: float, most: int = 10000) -> int | None:
+    """The fewest prompts, measured in both arms (--fixed: paired), at which the speedup of these per-request tok/s
+    (infra.stats.speedup_interval) would lie clear of `bound`, at the same spread of log ratios: the pairs' own where
+    the counts match, else the two arms' spreads added (no pairing measured to take any out). None when none up to
+    `most` would (a speedup on the bound itself) or the spread is not known."""
+    speedup = speedup_interval(arm_tok_s, base_tok_s)
+    if speedup is None:
         return None
-    sd = (math.log(hi) - math.log(lo)) / 2 / stdtrit(pairs - 1, 0.975) * math.sqrt(pairs)
-    gap = abs(math.log(mean / bound))
-    return next((n for n in range(pairs, most + 1) if stdtrit(n - 1, 0.975) * sd / math.sqrt(n) < gap), None)
+    a, b = np.log(np.asarray(arm_tok_s, dtype=float)), np.log(np.asarray(base_tok_s, dtype=float))
+    sd = float(np.std(a - b, ddof=1) if a.size == b.size else np.sqrt(a.var(ddof=1) + b.var(ddof=1)))
+    gap, start = abs(math.log(speedup[0] / bound)), max(2, min(a.size, b.size))
+    return next((n for n in range(start, most + 1) if stdtrit(n - 1, 0.975) * sd / math.sqrt(n) < gap), None)

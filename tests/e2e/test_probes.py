@@ -7,6 +7,9 @@ import re
 
 import pytest
 
+from infra.tracking import metric_name
+from tasks.verdict.probes import probe_flips
+
 pytestmark = pytest.mark.e2e
 
 PROBES = ("k_sweep", "graphs", "raw_prompts", "temperature", "thinking")
@@ -46,6 +49,14 @@ def test_each_probe_serves_the_candidate_with_one_thing_changed(cli, no_servers_
     for a in riders:  # the printed table and the closing line say where each rider was measured
         assert "now, on ngram's server" in next(ln for ln in done.output.splitlines() if ln.split()[:1] == [a])
         assert f"{a} on ngram's server + " in done.output
+    # each window records what it was measured towards; the riders were compared with the candidate's window just
+    # measured on their server (flows/arm.run_arm), at the points where the probes rule's comparison flips
+    candidate = {metric_name(k): v for k, v in arms["ngram"].data.metrics.items()}
+    assert "tok/s to its own precision" in arms["baseline"].data.tags["specdiag.asked"]
+    assert "tok/s against the baseline's 3 requests" in arms["ngram"].data.tags["specdiag.asked"]
+    for a in riders | {"ngram@graphs"}:
+        flips = probe_flips(params[a]["probe"], candidate)
+        assert flips and all(f"{t:g}" in arms[a].data.tags["specdiag.asked"] for t in flips), (a, flips, arms[a].data.tags)
     verdict = done.artifact_text(done.parent, "verdict.md")
     # k_sweep: predicted vs measured speedup at each k, and the k with the best measured speedup named
     sweep = next(ln for ln in verdict.splitlines() if ln.startswith("- k_sweep:"))

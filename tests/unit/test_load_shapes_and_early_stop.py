@@ -13,6 +13,7 @@ from infra.config import BenchConfig
 from tasks.bench import BenchResult, RequestRecord, benchmark
 from tasks import verdict
 from tasks.verdict import decision_thresholds, questions
+from infra.stats import speedup_interval
 from tasks.earlystop import Progress, Questions, should_stop
 
 
@@ -65,11 +66,12 @@ def test_early_stop_ends_the_window_once_precise(null_server):
     cfg = BenchConfig(max_tokens=10, early_stop=True, min_requests=3)
     result = benchmark.fn(null_server, cfg, ["hi"] * 40)
     assert 3 <= len(result.records) < 10 and "tok/s known" in result.stop_reason
+    assert result.asked == "tok/s to its own precision"  # what the window was measured towards, for its run's tag
     budget = BenchConfig(max_tokens=10, early_stop=True, max_output_tokens=50, tok_s_rel_half_width=1e-9)
     assert len(benchmark.fn(null_server, budget, ["hi"] * 40).records) == 5
 
 
-def _progress(n=10, tok_s=(10.0, 10.1, 9.9, 10.0), drafts=None, rate=0.0, decisions=(), baseline=None, judged=True,
+def _progress(n=10, tok_s=(10.0, 10.1, 9.9, 10.0), drafts=None, rate=0.0, decisions=(), baseline=(), judged=True,
               **more):
     return Progress(n, 100 * n, 5.0, list(tok_s) * 3, drafts, rate,
                     Questions(decisions, baseline_tok_s=baseline, tok_s_judged=judged, **more))
@@ -128,6 +130,8 @@ def test_control_settles_once_clear_of_the_candidate_it_is_compared_with():
     asks = questions("control", candidate=near_zero)
     assert asks.rival == pytest.approx(verdict.acceptance_interval(near_zero)) and asks.min_drafts == 10
     assert asks.decisions == decision_thresholds("control") and not asks.tok_s_judged
+    assert asks.describe() == ("acceptance against 0.3, 0.6; acceptance against the compared arm's [0.000-0.040]; "
+                               "over at least 10 drafts; tok/s not judged")
     # 20 of 21 drafts accepted: [0.77, 0.99], far from +-0.05, but above 0.3, 0.6 and the candidate whatever follows
     got = should_stop(cfg, _progress(drafts=21, rate=20 / 21, decisions=asks.decisions, judged=False, rival=asks.rival,
                                      min_drafts=asks.min_drafts))
@@ -144,15 +148,33 @@ def test_control_settles_once_clear_of_the_candidate_it_is_compared_with():
 
 
 def test_tok_s_clear_of_the_baseline_is_enough():
+    """The speedup the verdict reports (infra.stats.speedup_interval, over the baseline's requests) clear of 1 settles
+    the arm's tok/s, however wide its own interval."""
     cfg, noisy = BenchConfig(), (5.0, 15.0, 8.0, 12.0)  # mean 10 +-27%: not narrow enough on its own
+    slow, fast, near = (20.0, 22.0, 21.0), (2.0, 4.0, 3.0), (11.0, 13.0, 12.0)  # baselines' per-request tok/s
     assert should_stop(cfg, _progress(tok_s=noisy)) == ""
-    # ... but wholly below the baseline's [20, 22]: a slowdown, whatever more requests say
-    assert "clear of the baseline's [20.0-22.0]" in should_stop(cfg, _progress(tok_s=noisy, baseline=(20.0, 22.0)))
-    assert "clear of the baseline's" in should_stop(cfg, _progress(tok_s=noisy, baseline=(2.0, 4.0)))  # a speedup
-    assert should_stop(cfg, _progress(tok_s=noisy, baseline=(11.0, 13.0))) == ""  # overlaps: speedup ~1 undecided
+    # ... but a slowdown against a baseline at about 21 tok/s, whatever more requests say
+    got = should_stop(cfg, _progress(tok_s=noisy, baseline=slow))
+    assert "0.439x the baseline [" in got and "clear of 1x" in got
+    assert "clear of 1x" in should_stop(cfg, _progress(tok_s=noisy, baseline=fast))  # a speedup
+    assert should_stop(cfg, _progress(tok_s=noisy, baseline=near)) == ""  # [0.58-1.03]x: speedup ~1 undecided
+    # the same interval as the verdict's (tasks/speedup.speedup_interval): the early stop ends on what it will read
+    assert speedup_interval(list(noisy) * 3, list(near))[2] > 1 > speedup_interval(list(noisy) * 3, list(slow))[2]
     # acceptance must still be settled too
-    assert should_stop(cfg, _progress(tok_s=noisy, baseline=(20.0, 22.0), drafts=40, rate=0.5)) == ""
-    assert "acceptance known" in should_stop(cfg, _progress(tok_s=noisy, baseline=(20.0, 22.0), drafts=400, rate=0.5))
+    assert should_stop(cfg, _progress(tok_s=noisy, baseline=slow, drafts=40, rate=0.5)) == ""
+    assert "acceptance known" in should_stop(cfg, _progress(tok_s=noisy, baseline=slow, drafts=400, rate=0.5))
+
+
+def test_the_speedup_pairs_prompts_over_equal_counts_and_keeps_every_request_otherwise():
+    """Paired by prompt where both arms measured the same prompts: a shared per-prompt swing cancels. Where the early
+    stop ended them at different counts, Welch's interval over every request of both: a baseline's later requests
+    still narrow it, instead of being dropped to pair the first few."""
+    arm, base = [10.0, 20.0, 15.0], [5.0, 10.0, 7.5]  # exactly twice the baseline, prompt by prompt
+    assert speedup_interval(arm, base) == pytest.approx((2.0, 2.0, 2.0), abs=1e-6)
+    steady = [10.0, 10.5, 9.5, 10.2, 9.8, 10.1, 9.9, 10.0]
+    few, many = speedup_interval([20.0, 19.0, 21.0], steady[:3]), speedup_interval([20.0, 19.0, 21.0], steady)
+    assert few[1] < many[1] < 2 < many[2] < few[2]  # the baseline's five later requests narrow the unpaired interval
+    assert speedup_interval([10.0], steady) is None and speedup_interval(steady, [10.0]) is None
 
 
 def test_a_drafter_whose_steps_emit_many_tokens_settles_tok_s_against_draft_overheads_bound():
@@ -164,13 +186,14 @@ def test_a_drafter_whose_steps_emit_many_tokens_settles_tok_s_against_draft_over
     def stop(baseline, rate=0.9, k=4, per_draft=None):  # drafts of k tokens each, unless told
         progress = _progress(tok_s=noisy, baseline=baseline, drafts=400, rate=rate, k=k)
         return should_stop(cfg, replace(progress, accepted_per_draft=k * rate if per_draft is None else per_draft))
-    assert stop((2.0, 4.0)) == ""  # 2.5-5x the baseline: faster, but 2.3 x [2, 4] = [4.6, 9.2] still overlaps
-    assert "clear of 2.3x the baseline's [1.0-2.0]" in stop((1.0, 2.0))
-    assert "clear of the baseline's [2.0-4.0]" in stop((2.0, 4.0), rate=0.2)  # 1.8 tokens a step: the bound is 1
-    assert "clear of 2.3x the baseline's [20.0-22.0]" in stop((20.0, 22.0))  # a slowdown is clear of both
+    fast, faster = (2.0, 4.0, 3.0), (1.0, 1.5, 1.2)
+    assert stop(fast) == ""  # 3.2x [1.6-6.2] the baseline: faster, but it still holds 2.3
+    assert "clear of 2.3x" in stop(faster)  # 7.5x [5.1-11.3]
+    assert "clear of 1x" in stop(fast, rate=0.2)  # 1.8 tokens a step: the bound is 1
+    assert "clear of 2.3x" in stop((20.0, 22.0, 21.0))  # a slowdown is clear of both
     # the tokens a step emits are counted per draft, as the verdict's speed model counts them: n-gram drafts shorter
     # than k (0.9 of 1.1 draft tokens accepted) emit 1.99 tokens a step, not 4.6, and the bound is 1
-    assert "clear of the baseline's [2.0-4.0]" in stop((2.0, 4.0), per_draft=0.99)
+    assert "clear of 1x" in stop(fast, per_draft=0.99)
 
 
 def test_the_control_and_probes_need_only_their_acceptance():
@@ -180,11 +203,11 @@ def test_the_control_and_probes_need_only_their_acceptance():
     assert verdict.speed_judged("probe", "k_sweep")  # the verdict recommends the k whose measured speedup is best
     control = decision_thresholds("control")
     # a control accepting 0.97 of 40 drafts is above 0.6 whatever more drafts say; its speed is not judged
-    reason = should_stop(cfg, _progress(tok_s=noisy, baseline=(9.0, 11.0), drafts=40, rate=0.97, decisions=control,
+    reason = should_stop(cfg, _progress(tok_s=noisy, baseline=(9.0, 11.0, 10.0), drafts=40, rate=0.97, decisions=control,
                                         judged=False))
     assert reason.startswith("acceptance [") and "tok/s" not in reason
     # the same numbers on an arm whose speedup the verdict reports must wait for tok/s
-    assert should_stop(cfg, _progress(tok_s=noisy, baseline=(9.0, 11.0), drafts=40, rate=0.97, decisions=control)) == ""
+    assert should_stop(cfg, _progress(tok_s=noisy, baseline=(9.0, 11.0, 10.0), drafts=40, rate=0.97, decisions=control)) == ""
     # unsettled acceptance still holds it, and a no-spec arm always needs its tok/s
     assert should_stop(cfg, _progress(tok_s=noisy, drafts=40, rate=0.5, decisions=control, judged=False)) == ""
     assert should_stop(cfg, _progress(tok_s=noisy, judged=False)) == ""

@@ -80,18 +80,22 @@ def test_a_speedup_interval_that_reaches_1_is_not_called_overhead():
     noisy = arm("cand", "candidate", (1.0, 1.0, 1.0, 1.0), tpot=12.5, tok_s=[12, 40])
     v = decide([BASE, noisy], {})
     assert v.cause == "healthy"
-    assert "whether cand pays is open: its measured speedup 0.718x [" in v.evidence[-1], v.evidence
-    assert "over 2 prompts holds 2.5" in v.evidence[-1] and "about 5 prompts in both arms" in v.evidence[-1]
+    # two requests against the baseline's five (the early stop ended them apart): every request of both counts
+    assert "whether cand pays is open: its measured speedup 0.730x [" in v.evidence[-1], v.evidence
+    assert "over 2 requests against the baseline's 5 holds 2.5" in v.evidence[-1]
+    assert "about 5 prompts in both arms" in v.evidence[-1]
     assert v.next_step == "to settle the speedup, rerun with --fixed --fresh --prompts 5"
-    # 5 pairs at that spread: t(4) * sd / sqrt(5) < |log(0.718 / 2.5)|, and 4 are not enough
+    # 5 pairs at that spread (the two arms' log spreads added): t(4) * sd / sqrt(5) < |log(0.730 / 2.5)|, 4 are not
     from scipy import stats
-    sd = abs(np.log(12 / 30) - np.log(40 / 31)) / np.sqrt(2)
-    gap = abs(np.log(np.sqrt(12 / 30 * 40 / 31) / 2.5))
+    sd = np.sqrt(np.var(np.log([12, 40]), ddof=1) + np.var(np.log(BASE.request_tok_s), ddof=1))
+    gap = abs(np.log(np.exp(np.mean(np.log([12, 40])) - np.mean(np.log(BASE.request_tok_s))) / 2.5))
     assert [stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n) < gap for n in (4, 5)] == [False, True]
-    # on the bound itself, no number of prompts settles it
+    # paired by prompt over as many prompts as the baseline's, on the bound itself: no number of prompts settles it
+    base2 = arm("baseline", "baseline", tpot=10.0, tok_s=[30, 31])
     on = arm("cand", "candidate", (1.0, 1.0, 1.0, 1.0), tpot=12.5, tok_s=[30 * 2.5 * 0.8, 31 * 2.5 * 1.25])
-    v = decide([BASE, on], {})
+    v = decide([base2, on], {})
     assert v.cause == "healthy" and "no number of prompts settles it" in v.evidence[-1] and not v.next_step
+    assert "[" in v.evidence[-1] and "over 2 prompts holds 2.5" in v.evidence[-1]
     # clear of the bound: nothing is open, nothing is said
     good = arm("cand", "candidate", (0.85, 0.7, 0.6, 0.5), tpot=16.6, tok_s=[66, 64, 68, 65, 67])
     assert not any("pays is open" in e for e in decide([BASE, good], {}).evidence)
