@@ -41,6 +41,15 @@ def ratio_interval(num: list[float], den: list[float]) -> tuple[float, float, fl
     return float(r), max(0.0, float(r - half)), min(1.0, float(r + half))
 
 
+def speed_logs(arm: list[float], base: list[float]) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The logs of two arms' per-request tok/s, and whether they pair by prompt (as many of each). A request that
+    emitted no token has no ratio: dropped, with its pair where paired."""
+    a, b = np.asarray(arm, dtype=float), np.asarray(base, dtype=float)
+    paired = a.size == b.size
+    keep_a, keep_b = ((a > 0) & (b > 0),) * 2 if paired else (a > 0, b > 0)
+    return np.log(a[keep_a]), np.log(b[keep_b]), paired
+
+
 def speedup_interval(arm: list[float], base: list[float]) -> tuple[float, float, float] | None:
     """An arm's per-request tok/s over the baseline's: the geometric mean ratio with its 95% interval, on the logs.
     Over as many requests as the baseline, paired by prompt: every arm serves the same prompts in the same order, so
@@ -48,10 +57,10 @@ def speedup_interval(arm: list[float], base: list[float]) -> tuple[float, float,
     out. Where the early stop ended the two at different counts, every request of both counts instead: the mean logs'
     difference with Welch's interval, so that no request measured for the comparison is dropped from it. None with
     fewer than two requests on either side (no spread to make an interval from)."""
-    a, b = np.log(np.asarray(arm, dtype=float)), np.log(np.asarray(base, dtype=float))
+    a, b, paired = speed_logs(arm, base)
     if a.size < 2 or b.size < 2:
         return None
-    if a.size == b.size:
+    if paired:
         mean, lo, hi = mean_interval(list(a - b))
     else:
         va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size

@@ -14,7 +14,7 @@ import numpy as np
 
 from scipy.special import stdtrit
 
-from infra.stats import speedup_interval, wilson
+from infra.stats import speed_logs, speedup_interval, wilson
 from tasks.verdict.evidence import acceptance_interval
 
 
@@ -79,7 +79,7 @@ def pairs_needed(arm_tok_s: list[float], base_tok_s: list[float], bound: float, 
     speedup = speedup_interval(arm_tok_s, base_tok_s)
     if speedup is None:
         return None
-    a, b = np.log(np.asarray(arm_tok_s, dtype=float)), np.log(np.asarray(base_tok_s, dtype=float))
-    sd = float(np.std(a - b, ddof=1) if a.size == b.size else np.sqrt(a.var(ddof=1) + b.var(ddof=1)))
+    a, b, paired = speed_logs(arm_tok_s, base_tok_s)
+    sd = float(np.std(a - b, ddof=1) if paired else np.sqrt(a.var(ddof=1) + b.var(ddof=1)))
     gap, start = abs(math.log(speedup[0] / bound)), max(2, min(a.size, b.size))
     return next((n for n in range(start, most + 1) if stdtrit(n - 1, 0.975) * sd / math.sqrt(n) < gap), None)

@@ -175,6 +175,10 @@ def test_the_speedup_pairs_prompts_over_equal_counts_and_keeps_every_request_oth
     few, many = speedup_interval([20.0, 19.0, 21.0], steady[:3]), speedup_interval([20.0, 19.0, 21.0], steady)
     assert few[1] < many[1] < 2 < many[2] < few[2]  # the baseline's five later requests narrow the unpaired interval
     assert speedup_interval([10.0], steady) is None and speedup_interval(steady, [10.0]) is None
+    # a request that emitted no token has no ratio: dropped (with its pair), not a log of 0 that settles anything
+    assert speedup_interval([20.0, 0.0, 21.0, 19.0], [10.0, 10.5, 9.5, 10.0]) == pytest.approx(
+        speedup_interval([20.0, 21.0, 19.0], [10.0, 9.5, 10.0]))
+    assert speedup_interval([20.0, 0.0, 19.0], steady) == pytest.approx(speedup_interval([20.0, 19.0], steady))
 
 
 def test_a_drafter_whose_steps_emit_many_tokens_settles_tok_s_against_draft_overheads_bound():
