@@ -195,7 +195,7 @@ def benchmark(base_url: str, cfg: BenchConfig, prompts: list[str],
 
     def stop_check(records: list[RequestRecord], elapsed: float) -> str:
         ok, q = [r for r in records if r.ok], asks() if callable(asks) else asks
-        asked[:] = [q.describe()]
+        asked[:] = [q.describe(spec_so_far is not None)]
         drafts, rate, per_draft = spec_so_far() if spec_so_far else (None, 0.0, 0.0)
         by_request = request_metrics(ok) if q.position_limit else {}  # {}: the engine gave no per-request counts
         return should_stop(cfg, Progress(len(ok), sum(r.completion_tokens for r in ok), elapsed,

@@ -40,14 +40,16 @@ class Questions:
     position_limit: int = 0  # the drafter's declared positions, where served past them: context_limit's question
     k: int = 1  # draft tokens per draft: drafts on either side of position_limit count as draft tokens / k
 
-    def describe(self) -> str:
-        """What the window was measured towards, in words: the arm's run records it (tag specdiag.asked)."""
-        said = [f"acceptance against {', '.join(f'{t:g}' for t in sorted(self.decisions))}"] if self.decisions else []
-        if self.rival:
+    def describe(self, speculative: bool = True) -> str:
+        """What the window was measured towards, in words: the arm's run records it (tag specdiag.asked). Without
+        speculation only its tok/s is asked."""
+        said = [f"acceptance against {', '.join(f'{t:g}' for t in sorted(self.decisions))}"] \
+            if self.decisions and speculative else []
+        if self.rival and speculative:
             said.append(f"acceptance against the compared arm's [{self.rival[0]:.3f}-{self.rival[1]:.3f}]")
         if said:
             said.append(f"over at least {self.min_drafts} drafts")
-        if self.position_limit:
+        if self.position_limit and speculative:
             said.append(f"acceptance before position {self.position_limit} against past it")
         if not self.tok_s_judged:
             said.append("tok/s not judged")

@@ -132,6 +132,7 @@ def test_control_settles_once_clear_of_the_candidate_it_is_compared_with():
     assert asks.decisions == decision_thresholds("control") and not asks.tok_s_judged
     assert asks.describe() == ("acceptance against 0.3, 0.6; acceptance against the compared arm's [0.000-0.040]; "
                                "over at least 10 drafts; tok/s not judged")
+    assert questions("baseline").describe(speculative=False) == "tok/s to its own precision"  # no drafts to ask about
     # 20 of 21 drafts accepted: [0.77, 0.99], far from +-0.05, but above 0.3, 0.6 and the candidate whatever follows
     got = should_stop(cfg, _progress(drafts=21, rate=20 / 21, decisions=asks.decisions, judged=False, rival=asks.rival,
                                      min_drafts=asks.min_drafts))
