@@ -184,6 +184,18 @@ def warmup(base_url: str, cfg: BenchConfig, prompts: list[str]) -> None:
         asyncio.run(_run(base_url, cfg, served_model(base_url), prompts[:cfg.warmup], min(cfg.max_tokens, 8)))
 
 
+def window_progress(records: list[RequestRecord], elapsed: float, q: Questions,
+                    spec: tuple[float, float, float] | None) -> Progress:
+    """The window so far, for the early stop: its requests in prompt order, as the verdict reads them (the result's
+    records), so that request i pairs with the baseline's i however the requests finished; spec: (drafts, acceptance
+    rate, accepted tokens per draft) so far, None without spec decode."""
+    ok = sorted((r for r in records if r.ok), key=lambda r: r.index)
+    drafts, rate, per_draft = spec or (None, 0.0, 0.0)
+    by_request = request_metrics(ok) if q.position_limit else {}  # {}: the engine gave no per-request counts
+    return Progress(len(ok), sum(r.completion_tokens for r in ok), elapsed, BenchResult(ok, elapsed).request_tok_s(),
+                    drafts, rate, q, split_at(by_request, q.position_limit) if by_request else None, per_draft)
+
+
 @task(name="benchmark", cache_policy=NO_CACHE)
 def benchmark(base_url: str, cfg: BenchConfig, prompts: list[str],
               spec_so_far: Callable[[], tuple[float, float, float]] | None = None,
@@ -194,13 +206,9 @@ def benchmark(base_url: str, cfg: BenchConfig, prompts: list[str],
     asked = []
 
     def stop_check(records: list[RequestRecord], elapsed: float) -> str:
-        ok, q = [r for r in records if r.ok], asks() if callable(asks) else asks
+        q = asks() if callable(asks) else asks
         asked[:] = [q.describe(spec_so_far is not None)]
-        drafts, rate, per_draft = spec_so_far() if spec_so_far else (None, 0.0, 0.0)
-        by_request = request_metrics(ok) if q.position_limit else {}  # {}: the engine gave no per-request counts
-        return should_stop(cfg, Progress(len(ok), sum(r.completion_tokens for r in ok), elapsed,
-                                         BenchResult(ok, elapsed).request_tok_s(), drafts, rate, q,
-                                         split_at(by_request, q.position_limit) if by_request else None, per_draft))
+        return should_stop(cfg, window_progress(records, elapsed, q, spec_so_far() if spec_so_far else None))
 
     progress = BenchProgress(arm, len(prompts), spec_so_far)
 

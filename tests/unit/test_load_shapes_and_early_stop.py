@@ -71,6 +71,17 @@ def test_early_stop_ends_the_window_once_precise(null_server):
     assert len(benchmark.fn(null_server, budget, ["hi"] * 40).records) == 5
 
 
+def test_the_window_reaches_the_early_stop_in_prompt_order():
+    """With several requests in flight they finish out of order; the early stop reads them as the verdict does, in
+    prompt order, so the speedup it settles pairs request i with the baseline's i."""
+    from tasks.bench import window_progress
+
+    done = [RequestRecord(i, ok=True, completion_tokens=32, e2e_ms=ms) for i, ms in ((2, 4000.0), (0, 1000.0),
+                                                                                    (1, 2000.0))]
+    p = window_progress(done + [RequestRecord(3, ok=False)], 5.0, Questions(), None)
+    assert p.request_tok_s == [32.0, 16.0, 8.0] and p.requests_ok == 3 and p.output_tokens == 96 and p.drafts is None
+
+
 def _progress(n=10, tok_s=(10.0, 10.1, 9.9, 10.0), drafts=None, rate=0.0, decisions=(), baseline=(), judged=True,
               **more):
     return Progress(n, 100 * n, 5.0, list(tok_s) * 3, drafts, rate,
