@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
 from scipy.special import stdtrit
 
 from infra.stats import speed_logs, speedup_interval, wilson
