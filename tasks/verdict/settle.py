@@ -13,7 +13,7 @@ import math
 import numpy as np
 from scipy.special import stdtrit
 
-from infra.stats import speed_logs, speedup_interval, wilson
+from infra.stats import speed_logs, wilson
 from tasks.verdict.evidence import acceptance_interval
 
 
@@ -75,10 +75,10 @@ def pairs_needed(arm_tok_s: list[float], base_tok_s: list[float], bound: float, 
     (infra.stats.speedup_interval) would lie clear of `bound`, at the same spread of log ratios: the pairs' own where
     the counts match, else the two arms' spreads added (no pairing measured to take any out). None when none up to
     `most` would (a speedup on the bound itself) or the spread is not known."""
-    speedup = speedup_interval(arm_tok_s, base_tok_s)
-    if speedup is None:
-        return None
     a, b, paired = speed_logs(arm_tok_s, base_tok_s)
+    if a.size < 2 or b.size < 2:
+        return None
     sd = float(np.std(a - b, ddof=1) if paired else np.sqrt(a.var(ddof=1) + b.var(ddof=1)))
-    gap, start = abs(math.log(speedup[0] / bound)), max(2, min(a.size, b.size))
+    # the speedup's log, paired or not: the mean logs' difference (infra.stats.speedup_interval's centre)
+    gap, start = abs(a.mean() - b.mean() - math.log(bound)), min(a.size, b.size)
     return next((n for n in range(start, most + 1) if stdtrit(n - 1, 0.975) * sd / math.sqrt(n) < gap), None)
