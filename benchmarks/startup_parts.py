@@ -24,7 +24,8 @@ BESIDE = PRELUDE + ("import flows.diagnose\nt1 = time.monotonic()\n"
 
 
 def run(code: str) -> list[float]:
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     out = subprocess.run([sys.executable, "-c", code % str(ROOT)], capture_output=True, text=True, timeout=300, env=env)
     if out.returncode:
         raise SystemExit(out.stderr[-2000:])

@@ -56,7 +56,8 @@ def test_each_probe_serves_the_candidate_with_one_thing_changed(cli, no_servers_
     assert "tok/s against the baseline's 3 requests" in arms["ngram"].data.tags["specdiag.asked"]
     for a in riders | {"ngram@graphs"}:
         flips = probe_flips(params[a]["probe"], candidate)
-        assert flips and all(f"{t:g}" in arms[a].data.tags["specdiag.asked"] for t in flips), (a, flips, arms[a].data.tags)
+        asked = arms[a].data.tags["specdiag.asked"]
+        assert flips and all(f"{t:g}" in asked for t in flips), (a, flips, asked)
     verdict = done.artifact_text(done.parent, "verdict.md")
     # k_sweep: predicted vs measured speedup at each k, and the k with the best measured speedup named
     sweep = next(ln for ln in verdict.splitlines() if ln.startswith("- k_sweep:"))

@@ -219,11 +219,12 @@ def test_the_control_and_probes_need_only_their_acceptance():
     assert verdict.speed_judged("probe", "k_sweep")  # the verdict recommends the k whose measured speedup is best
     control = decision_thresholds("control")
     # a control accepting 0.97 of 40 drafts is above 0.6 whatever more drafts say; its speed is not judged
-    reason = should_stop(cfg, _progress(tok_s=noisy, baseline=(9.0, 11.0, 10.0), drafts=40, rate=0.97, decisions=control,
+    near = (9.0, 11.0, 10.0)  # the baseline's per-request tok/s: a speedup about 1, undecided
+    reason = should_stop(cfg, _progress(tok_s=noisy, baseline=near, drafts=40, rate=0.97, decisions=control,
                                         judged=False))
     assert reason.startswith("acceptance [") and "tok/s" not in reason
     # the same numbers on an arm whose speedup the verdict reports must wait for tok/s
-    assert should_stop(cfg, _progress(tok_s=noisy, baseline=(9.0, 11.0, 10.0), drafts=40, rate=0.97, decisions=control)) == ""
+    assert should_stop(cfg, _progress(tok_s=noisy, baseline=near, drafts=40, rate=0.97, decisions=control)) == ""
     # unsettled acceptance still holds it, and a no-spec arm always needs its tok/s
     assert should_stop(cfg, _progress(tok_s=noisy, drafts=40, rate=0.5, decisions=control, judged=False)) == ""
     assert should_stop(cfg, _progress(tok_s=noisy, judged=False)) == ""
