@@ -50,7 +50,8 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
             workdir: str, prompts: list[str], offline: dict[str, float] | None = None,
             baseline_tok_s: list[float] | None = None, blockers: list[str] | None = None,
             fingerprint: dict | None = None, candidate: dict[str, float] | None = None,
-            beside: bool = False, riders: list[Rider] | None = None) -> list[ArmResult]:
+            beside: bool = False, riders: list[Rider] | None = None,
+            compared: list[tuple[list[float], float, str]] | None = None) -> list[ArmResult]:
     """baseline_tok_s: the baseline arm's per-request tok/s, once measured: the early stop compares with it.
     candidate: the candidate arm's metrics, once measured: a control's early stop compares with its acceptance
     (tasks/verdict/evidence.questions; other roles ignore it).
@@ -59,7 +60,8 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
     beside: measured beside the diagnosis's other arms (spread over hosts): what of baseline_tok_s and candidate
     was not known at its start is read from their MLflow runs as they end (tasks/reuse.asked_beside).
     riders: arms measured on this arm's server after it, each in its own run. Returns this arm's result, then each
-    rider's."""
+    rider's. compared: a baseline's, measured after the drafters: the arms whose speedup over it its window settles
+    (tasks/verdict/asks.speed_compared); None where it is measured first."""
     tracker, where = Tracker(tracking_uri), (experiment_id, parent_run_id)
     first = Window.start(tracker, arm, where, offline, fingerprint)
     windows, server, ready = [first], None, False
@@ -77,7 +79,8 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
             first.ev.server_cmd = server.process.command
             first.ev.metrics["server_ready_s"] = wait_healthy(server, cfg.health_timeout_s)
             ready = True
-            first.measure(cfg, server, prompts, _asks(arm, offline, baseline_tok_s, candidate, beside, tracker, where))
+            first.measure(cfg, server, prompts, _asks(arm, offline, baseline_tok_s, candidate, beside, tracker, where,
+                                                      compared))
         # riders on the candidate's own server compare with its window, just measured (tasks/verdict/asks.py)
         measured = first.ev.metrics | request_metrics(first.ev.bench.records) \
             if arm.role == "candidate" and first.result.ok else None  # as the verdict reads it: spread over requests
@@ -192,14 +195,16 @@ def _finish(tracker: Tracker, executor, windows: list[Window], parent_run_id: st
     executor.close()
 
 
-def _asks(arm: Arm, offline, baseline_tok_s, candidate, beside: bool, tracker: Tracker, where: tuple[str, str]):
+def _asks(arm: Arm, offline, baseline_tok_s, candidate, beside: bool, tracker: Tracker, where: tuple[str, str],
+          compared=None):
     """What the verdict will ask of this arm, for its early stop; where measured beside the other arms, learned as the
     ones its questions compare with end: the candidate for a control or a probe, the baseline for an arm whose speed
     is judged."""
     def ask(learned: dict):
         tok_s, cand = learned.get("baseline", baseline_tok_s), learned.get("candidate", candidate)
         return questions(arm.role, offline, tuple(tok_s or ()), cand,
-                         arm.position_limit, arm.spec.num_speculative_tokens if arm.spec else 1, arm.probe)
+                         arm.position_limit, arm.spec.num_speculative_tokens if arm.spec else 1, arm.probe,
+                         None if compared is None else tuple((tuple(t), b, a) for t, b, a in compared))
     wants = {"candidate": candidate} if arm.role in ("control", "probe") else {}
     if speed_judged(arm.role, arm.probe) and arm.role != "baseline":
         wants["baseline"] = baseline_tok_s

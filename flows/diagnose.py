@@ -38,7 +38,7 @@ from tasks.plots import plots
 from tasks.report import report
 from tasks.reuse import fingerprints, newest_match, rerun_inputs, reuse_arm
 from tasks.record import ArmResult
-from tasks.verdict import speed_judged, verdict
+from tasks.verdict import speed_compared, speed_judged, verdict
 
 
 def prepare(profile: str = "demo", overrides: dict | None = None, sets: list[str] | None = None):
@@ -145,13 +145,14 @@ def _hosts(cfg) -> dict:
 def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, runs) -> list[ArmResult]:
     """Every arm, in order here on the profile's host, or by the workers of spread.hosts (runs: their flow runs):
     each next server to the first free host, with the arms that ride on it (infra/arms.shared_servers). A drafter arm
-    waits for the offline evaluation (its numbers go with it); the baseline does not. Results in the plan's order."""
+    waits for the offline evaluation (its numbers go with it); the baseline does not. On this machine the baseline
+    comes last (_in_order). Results in the plan's order."""
     on = _hosts(cfg)
     drafters = [_position_limited(a, findings) for a in drafters]
     prints = {h: fingerprints(c, drafters, target, prompts) for h, c in on.items()}
     blockers = {a.name: [] if cfg.force else [f"{f.code}: {f.message}" for f in findings.get(a.name, []) if f.gating]
                 for a in drafters}
-    results: list[ArmResult] = []  # as they end: a later arm's early stop compares with the baseline's tok/s
+    results: list[ArmResult] = []  # as they end: a later arm's early stop compares with the earlier ones
 
     def one(group, host):
         with tracker.interrupts(where[1], ", ".join(a.name for a in group)):
@@ -161,8 +162,10 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
         results.extend(measured)
         return measured
     groups = shared_servers(drafters, lambda a: not speed_judged(a.role, a.probe) and not blockers[a.name])
-    if not runs:  # in order, the baseline first, in this thread: Ctrl-C reaches the arm's own teardown
-        done = [r for g in groups for r in one(g, cfg.host.name)]
+    if not runs:  # in order, in this thread: Ctrl-C reaches the arm's own teardown
+        reused = any(_reusable(cfg, a, tracker, prints[cfg.host.name], blockers) for a in drafters
+                     if a.role == "baseline")
+        done = [r for g in _in_order(cfg, groups, reused) for r in one(g, cfg.host.name)]
     else:
         try:
             with tracker.interrupts(where[1], f"{', '.join(a.name for a in drafters)} (spread over {', '.join(on)})"):
@@ -172,6 +175,23 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
             raise
     order = [a.name for a in drafters]
     return sorted(done, key=lambda r: order.index(r.arm))
+
+
+def _in_order(cfg, groups: list, reused: bool) -> list:
+    """The baseline's server last where it is measured on this machine, where the offline evaluation has ended
+    before any arm: its window then settles exactly the speedups the verdict will judge (tasks/earlystop.py), not its
+    own tok/s to a precision none may need. First on a remote host, where its load runs beside the offline evaluation
+    (the drafter arms wait for those numbers), and first where it is reused (the arms compare with it as they run)."""
+    if reused or cfg.host.kind != "local":
+        return groups
+    return sorted(groups, key=lambda g: g[0].role == "baseline")  # stable: the others keep the plan's order
+
+
+def _reusable(cfg, arm, tracker, prints: dict, blockers: dict):
+    """The newest successful run of this arm's fingerprint, where reuse is on and nothing blocks the arm."""
+    fingerprint = prints.get(arm.name)
+    return newest_match(tracker, digest(fingerprint), cfg.reuse.max_age_h) \
+        if fingerprint and cfg.reuse.enabled and not blockers.get(arm.name) else None
 
 
 def _position_limited(arm, findings):
@@ -188,10 +208,7 @@ def _measure(cfg, group, tracker, where, prompts, offline, results, blockers, pr
     experiment, parent = where
     out, todo = [], []
     for arm in group:
-        fingerprint = prints.get(arm.name)
-        found = newest_match(tracker, digest(fingerprint), cfg.reuse.max_age_h) \
-            if fingerprint and cfg.reuse.enabled and not blockers.get(arm.name) else None
-        if found:
+        if found := _reusable(cfg, arm, tracker, prints, blockers):
             out.append(reuse_arm(tracker, found, arm, experiment, parent, offline.get(arm.name)))
         else:
             todo.append(arm)
@@ -203,6 +220,8 @@ def _measure(cfg, group, tracker, where, prompts, offline, results, blockers, pr
     params = dict(cfg=cfg, arm=arm, tracking_uri=tracker.uri, experiment_id=experiment, parent_run_id=parent,
                   workdir=run_dir(cfg, parent), prompts=prompts, offline=offline.get(arm.name), baseline_tok_s=base,
                   blockers=blockers.get(arm.name), fingerprint=prints.get(arm.name), candidate=cand, riders=riders)
+    if arm.role == "baseline" and any(r.role != "baseline" for r in results):  # after drafters: their speedups
+        params["compared"] = [list(c) for c in speed_compared(results)]
     if runs:  # measured beside the other arms: it learns their numbers as they end
         return out + remote_arm(runs, host, {**params, "beside": True})
     # The diagnosis's own flow run beats for this process; an arm's own heartbeat thread would hold its end for up to

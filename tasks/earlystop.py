@@ -10,7 +10,11 @@ over the verdict's floor for a control (few drafts, since a good control accepts
 is known well enough once narrow (`tok_s_rel_half_width`) or once the verdict's own speedup interval over the
 baseline arm's requests (infra.stats.speedup_interval) lies clear of 1: the speedup's side of 1 is then settled (for a
 drafter whose steps emit more than 2 tokens, clear of half of them: draft_overhead's other bound). Arms whose speed
-the verdict does not judge (the control, probes: only their acceptance is compared) need not settle tok/s at all. A
+the verdict does not judge (the control, probes: only their acceptance is compared) need not settle tok/s at all, nor
+a drafter whose acceptance lies clear below healthy (the verdict judges a drafter's speed only where its acceptance is
+healthy: `speed_from`). On one host the baseline is measured after the drafters (flows/diagnose.py), so that its own
+question is theirs: it settles once every judged arm's speedup over it lies clear of that arm's bound (`compared`),
+at its first requests where no arm's speed is judged, and at its own precision at most. A
 drafter served past the positions it declares (static check position_limit) is also asked context_limit's question:
 its acceptance before that position against past it, from each request's own counts. That is settled once both
 sides hold the verdict's floor of drafts and their intervals are apart or both narrow; until then the window goes on
@@ -39,6 +43,13 @@ class Questions:
     rival: tuple[float, float] | None = None  # the acceptance interval this arm's is compared with, if measured
     position_limit: int = 0  # the drafter's declared positions, where served past them: context_limit's question
     k: int = 1  # draft tokens per draft: drafts on either side of position_limit count as draft tokens / k
+    # the acceptance from which the verdict judges this arm's speed (draft_overhead reads a drafter's speed only where
+    # its acceptance is healthy): below it, settled, the arm's tok/s need not settle; 0: judged whatever it accepts
+    speed_from: float = 0.0
+    # the baseline's, measured after the arms whose speed is judged: each such arm's per-request tok/s, the bound its
+    # speedup is tested against and its name; None where the baseline is measured before them (it then settles its
+    # own tok/s, not knowing what they will need)
+    compared: tuple[tuple[tuple[float, ...], float, str], ...] | None = None
 
     def describe(self, speculative: bool = True) -> str:
         """What the window was measured towards, in words: the arm's run records it (tag specdiag.asked). Without
@@ -51,12 +62,16 @@ class Questions:
             said.append(f"over at least {self.min_drafts} drafts")
         if self.position_limit and speculative:
             said.append(f"acceptance before position {self.position_limit} against past it")
+        where = f" where its acceptance reaches {self.speed_from:g}" if self.speed_from and speculative else ""
         if not self.tok_s_judged:
             said.append("tok/s not judged")
+        elif self.compared is not None:
+            arms = ", ".join(f"{a} ({len(t)} requests, bound {b:.3g}x)" for t, b, a in self.compared)
+            said.append(f"tok/s against {arms}" if arms else "tok/s: no arm measured before it has its speed judged")
         elif self.baseline_tok_s:
-            said.append(f"tok/s against the baseline's {len(self.baseline_tok_s)} requests")
+            said.append(f"tok/s against the baseline's {len(self.baseline_tok_s)} requests{where}")
         else:
-            said.append("tok/s to its own precision")
+            said.append(f"tok/s to its own precision{where}")
         return "; ".join(said)
 
 
@@ -91,10 +106,15 @@ def should_stop(cfg: BenchConfig, p: Progress) -> str:
     # the verdict's own speedup and the bound it tests it against, tokens a step emits counted as the verdict does
     speedup = speedup_interval(p.request_tok_s, list(q.baseline_tok_s or ()))
     bound = pays_bound(1 + p.accepted_per_draft) if p.drafts else 1.0
-    if tok_rel <= cfg.tok_s_rel_half_width:
+    versus = _comparisons_settled(q.compared, p.request_tok_s) if p.drafts is None and q.compared is not None else ""
+    if versus:
+        tok = versus
+    elif tok_rel <= cfg.tok_s_rel_half_width:
         tok = f"known to +-{tok_rel:.0%}"
     elif speedup and not speedup[1] <= bound <= speedup[2]:
         tok = f"{speedup[0]:.3f}x the baseline [{speedup[1]:.3f}-{speedup[2]:.3f}], clear of {bound:.3g}x"
+    elif _speed_moot(p):
+        tok = f"not judged (acceptance below {q.speed_from:g})"
     elif q.tok_s_judged or p.drafts is None:
         return ""
     else:
@@ -110,6 +130,27 @@ def pays_bound(tokens_per_step: float) -> float:
     """The speedup draft_overhead (tasks/verdict/rules.py) tests a drafter's against: 1, or half the tokens a step
     emits where that is more (the drafter then costs about as much as it saves)."""
     return max(1.0, tokens_per_step / 2)
+
+
+def _comparisons_settled(compared, tok_s: list[float]) -> str:
+    """The baseline measured after the arms whose speed is judged: '' while any one's speedup over it (the verdict's
+    own interval) holds that arm's bound, or before the baseline has served every prompt that arm did (until then the
+    two cover different prompts, and the prompts' own spread would pass for the arms'), else how they settled."""
+    said = []
+    for arm_tok_s, bound, arm in compared:
+        s = speedup_interval(list(arm_tok_s), tok_s)
+        if len(tok_s) < len(arm_tok_s) or s is None or s[1] <= bound <= s[2]:
+            return ""
+        said.append(f"{arm}: {s[0]:.3f}x [{s[1]:.3f}-{s[2]:.3f}], clear of {bound:.3g}x")
+    return f"against {'; '.join(said)}" if said else "not compared (no arm measured before it has its speed judged)"
+
+
+def _speed_moot(p: Progress) -> bool:
+    """The arm's acceptance lies clear below where the verdict starts judging its speed (Questions.speed_from), over
+    the verdict's floor of drafts: its tok/s need not settle."""
+    q = p.asks
+    return bool(q.speed_from and p.drafts and p.drafts >= q.min_drafts
+                and wilson(p.accepted_rate * p.drafts, p.drafts)[1] < q.speed_from)
 
 
 def _acceptance_settled(cfg: BenchConfig, p: Progress, tok: str) -> str:

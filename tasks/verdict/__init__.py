@@ -15,7 +15,7 @@ from tasks.inspect import Finding
 from tasks.offline import OfflineResult
 from tasks.record import ArmResult
 from tasks.speedup import k_sweep, speed_models
-from tasks.verdict.asks import questions
+from tasks.verdict.asks import questions, speed_compared
 from tasks.verdict.evidence import (HEALTHY, INTEGRATION_RATIO, MIN_DRAFTS, NEAR_ZERO, Verdict,
                                     acceptance_interval, decision_thresholds, offline_interval, probe_line,
                                     speed_judged)
@@ -26,7 +26,7 @@ EVIDENCE = "evidence.json"  # the static findings and the offline evaluation, as
 
 __all__ = ["EVIDENCE", "assemble", "HEALTHY", "INTEGRATION_RATIO", "MIN_DRAFTS", "NEAR_ZERO", "RULES", "Verdict",
            "acceptance_interval", "arm_verdicts", "decide", "decision_thresholds", "offline_interval", "probe_flips",
-           "questions", "speed_judged", "throughput_lines", "verdict"]
+           "questions", "speed_compared", "speed_judged", "throughput_lines", "verdict"]
 
 
 def throughput_lines(results: list[ArmResult]) -> list[str]:

@@ -86,31 +86,32 @@ def _gone(pgid: int) -> bool:
 
 
 def test_ctrl_c_stops_the_server_and_the_queued_diagnosis_then_runs(start, no_servers_left):
-    # The first's baseline measures all of 12 longer answers: it is still in that arm when the second, starting on a
-    # busy machine, reaches the host lock (with ARGS' 2 short ones it had moved on to the next arm in one CI run).
+    # The first's first arm (ngram: on one host the baseline comes last) measures all of 12 longer answers: it is
+    # still in that arm when the second, starting on a busy machine, reaches the host lock (with ARGS' 2 short ones
+    # it had moved on to the next arm in one CI run).
     first = start("first", *ARGS, "--fixed", "--prompts", "12", "--max-tokens", "64")
     server = _server_of(first.proc.pid)
     second = start("second", *ARGS)  # the host is taken by the first's server: it must queue, not fail
-    _until(lambda: "Beginning subflow run 'arm-baseline'" in second.output(), "the second to reach the host lock")
-    first.proc.send_signal(signal.SIGINT)  # Ctrl-C while the first's baseline server loads
+    _until(lambda: "Beginning subflow run 'arm-ngram'" in second.output(), "the second to reach the host lock")
+    first.proc.send_signal(signal.SIGINT)  # Ctrl-C while the first's first server measures
     code, out = first.wait(120)
     assert code == 130, out[-3000:]
-    assert "specdiag: interrupted (SIGINT) during arm baseline: its server was stopped" in out
-    assert "Traceback" not in out.split("interrupted (SIGINT) during arm baseline:")[-1]
+    assert "specdiag: interrupted (SIGINT) during arm ngram: its server was stopped" in out
+    assert "Traceback" not in out.split("interrupted (SIGINT) during arm ngram:")[-1]
     assert _gone(server["pgid"])
     runs = first.runs()
-    assert runs["baseline"].info.status == "KILLED" and runs["parent"].info.status == "KILLED"
-    assert runs["parent"].data.tags["specdiag.interrupted"] == "baseline (SIGINT)"
-    assert "interrupted (SIGINT)" in runs["baseline"].data.tags["specdiag.error"]
-    artifacts = {a.path for a in MlflowClient(first.uri).list_artifacts(runs["baseline"].info.run_id)}
-    assert "baseline.server.log" in artifacts
+    assert runs["ngram"].info.status == "KILLED" and runs["parent"].info.status == "KILLED"
+    assert runs["parent"].data.tags["specdiag.interrupted"] == "ngram (SIGINT)"
+    assert "interrupted (SIGINT)" in runs["ngram"].data.tags["specdiag.error"]
+    artifacts = {a.path for a in MlflowClient(first.uri).list_artifacts(runs["ngram"].info.run_id)}
+    assert "ngram.server.log" in artifacts
 
     code, out = second.wait()  # the lock was released: the second gets the host and completes
     assert code == 0, out[-3000:]
     runs = second.runs()
     assert {a: r.info.status for a, r in runs.items()} == {"parent": "FINISHED", "baseline": "FINISHED",
                                                            "ngram": "FINISHED"}
-    assert runs["baseline"].data.metrics["sys/host_lock_wait_s"] > 0.5  # it waited for the host, it did not fail
+    assert runs["ngram"].data.metrics["sys/host_lock_wait_s"] > 0.5  # it waited for the host, it did not fail
 
 
 def test_a_killed_flow_is_cleaned_up_by_the_next_and_sigterm_ends_like_ctrl_c(start, no_servers_left):
@@ -128,16 +129,16 @@ def test_a_killed_flow_is_cleaned_up_by_the_next_and_sigterm_ends_like_ctrl_c(st
     code, out = nxt.wait(120)
     assert code == 130, out[-3000:]
     assert f"stopping stale server pid {orphan['pid']}" in out
-    assert "specdiag: interrupted (SIGTERM) during arm baseline" in out
+    assert "specdiag: interrupted (SIGTERM) during arm ngram" in out
     assert _gone(server["pgid"])
     runs = nxt.runs()
-    assert runs["baseline"].info.status == "KILLED" and runs["parent"].info.status == "KILLED"
-    assert runs["baseline"].data.metrics["sys/stale_servers_stopped"] == 1
+    assert runs["ngram"].info.status == "KILLED" and runs["parent"].info.status == "KILLED"
+    assert runs["ngram"].data.metrics["sys/stale_servers_stopped"] == 1
 
 
 def test_a_prefect_cancellation_of_a_deployment_run_ends_like_ctrl_c(prefect_server, tmp_path, no_servers_left):
     """`python flows/diagnose.py --serve` runs the deployment; a run started from it as the UI's Run button does is
-    cancelled as the UI's Cancel button does, while its baseline server loads: the runner's SIGTERM reaches the
+    cancelled as the UI's Cancel button does, while its first server (ngram's) loads: the runner's SIGTERM reaches the
     flow run, which stops its server and ends its MLflow runs KILLED; Prefect calls the run Cancelled."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
@@ -165,11 +166,11 @@ def test_a_prefect_cancellation_of_a_deployment_run_ends_like_ctrl_c(prefect_ser
             _until(lambda: client.read_flow_run(run.id).state.type == StateType.CANCELLED, "Cancelled", 180)
         _until(lambda: _gone(server["pgid"]), "the server to be stopped", 60)
         runs = Running(serve, uri, log).runs()
-        assert runs["baseline"].info.status == "KILLED" and runs["parent"].info.status == "KILLED", \
+        assert runs["ngram"].info.status == "KILLED" and runs["parent"].info.status == "KILLED", \
             Path(log.name).read_text()[-3000:]
-        assert runs["parent"].data.tags["specdiag.interrupted"] == "baseline (SIGTERM)"
-        artifacts = {a.path for a in MlflowClient(uri).list_artifacts(runs["baseline"].info.run_id)}
-        assert "baseline.server.log" in artifacts
+        assert runs["parent"].data.tags["specdiag.interrupted"] == "ngram (SIGTERM)"
+        artifacts = {a.path for a in MlflowClient(uri).list_artifacts(runs["ngram"].info.run_id)}
+        assert "ngram.server.log" in artifacts
     finally:
         os.killpg(serve.pid, signal.SIGKILL)
         serve.wait(30)

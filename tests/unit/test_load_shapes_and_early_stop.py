@@ -177,6 +177,60 @@ def test_tok_s_clear_of_the_baseline_is_enough():
     assert "acceptance known" in should_stop(cfg, _progress(tok_s=noisy, baseline=slow, drafts=400, rate=0.5))
 
 
+def test_a_drafter_below_healthy_need_not_settle_tok_s():
+    """draft_overhead judges a drafter's speed only where its acceptance is healthy: one whose acceptance lies clear
+    below HEALTHY ends on its acceptance alone, its tok/s however noisy; one that may reach it settles tok/s too. A
+    k_sweep probe's speed is judged whatever it accepts (the verdict recommends the k measured fastest)."""
+    cfg, noisy = BenchConfig(), (5.0, 15.0, 8.0, 12.0)  # mean 10 +-27%, and no baseline measured yet
+    asks = questions("candidate")
+    assert asks.speed_from == verdict.HEALTHY and asks.tok_s_judged
+    assert asks.describe() == ("acceptance against 0.1, 0.6; over at least 30 drafts; tok/s to its own precision "
+                               "where its acceptance reaches 0.6")
+
+    def stop(drafts, rate, q=asks):
+        return should_stop(cfg, Progress(12, 1200, 5.0, list(noisy) * 3, drafts, rate, q, None, rate))
+    assert "and tok/s not judged (acceptance below 0.6)" in stop(60, 0.0)  # a permuted drafter: [0, 0.06]
+    assert "not judged" in stop(400, 0.55)  # [0.50-0.598]: known, and below 0.6
+    assert stop(400, 0.58) == ""  # [0.53-0.63]: it may be healthy, so its speed may be judged
+    assert stop(20, 0.0) == ""  # under the verdict's floor of drafts nothing is settled
+    sweep = questions("probe", probe="k_sweep")
+    assert sweep.speed_from == 0.0 and stop(60, 0.0, sweep) == ""
+
+
+def test_a_baseline_measured_after_the_drafters_settles_their_speedups():
+    """On one host the baseline comes last, asked the comparisons the verdict will make with it: each judged arm's
+    speedup over it clear of that arm's bound. With none judged it ends at its first requests; its own tok/s known
+    to +-10% still ends it (no more than measured first)."""
+    from tasks.record import ArmResult
+    from tasks.verdict import speed_compared
+
+    cfg, noisy, steady = BenchConfig(), (5.0, 15.0, 8.0, 12.0), (10.0, 10.1, 9.9, 10.0)
+
+    def stop(tok_s, compared, n=3):
+        q = questions("baseline", compared=compared)
+        return should_stop(cfg, Progress(n, 100 * n, 5.0, list(tok_s)[:n], None, 0.0, q))
+    assert stop(noisy, ()) == "tok/s not compared (no arm measured before it has its speed judged) after 3 requests"
+    assert stop(noisy, None) == ""  # measured first: its own precision, +-27% is not enough
+    assert questions("baseline", compared=()).describe(False) == \
+        "tok/s: no arm measured before it has its speed judged"
+    fast, near = ((20.0, 21.0, 19.0), 1.0, "fast"), ((11.0, 13.0, 12.0), 1.0, "near")
+    assert "tok/s against fast: 2.169x [1.636-2.876], clear of 1x after 12 requests" == stop(noisy * 3, (fast,), n=12)
+    assert stop(noisy * 3, (fast, near), n=12) == ""  # near's [0.9-1.5]x holds 1: go on
+    assert stop((8.0, 12.0, 10.0), ((fast[0] * 2, 1.0, "fast"),)) == ""  # clear, but over 3 of the 6 prompts it served
+    assert "fast: 1.995x [1.907-2.087]" in stop(steady * 2, ((fast[0] * 2, 1.0, "fast"),), n=6)  # paired by prompt
+    assert stop(noisy * 3, ((fast[0], 2.5, "fast"),), n=12) == ""  # 2x against draft_overhead's bound 2.5
+    assert "known to" in stop(steady * 3, (near,), n=12)  # its own precision caps it, the comparison open
+    assert questions("baseline", compared=(fast,)).describe(False) == "tok/s against fast (3 requests, bound 1x)"
+
+    def arm(name, role, rate, drafts=100.0, k=2, **more):
+        return ArmResult(name, role, "run", True, metrics={"acceptance_rate": rate, "num_drafts": drafts},
+                         request_tok_s=[10.0, 11.0, 12.0], k=k, **more)
+    measured = [arm("base", "baseline", 0.0, 0.0, 0), arm("permuted", "candidate", 0.0), arm("good", "extra", 0.8),
+                arm("self", "control", 0.9), arm("rider", "probe", 0.8, probe="temperature", served_with="good"),
+                arm("k1", "probe", 0.0, k=1, probe="k_sweep"), replace(arm("broken", "extra", 0.9), ok=False)]
+    assert speed_compared(measured) == (((10.0, 11.0, 12.0), 1.3, "good"), ((10.0, 11.0, 12.0), 1.0, "k1"))
+
+
 def test_the_speedup_pairs_prompts_over_equal_counts_and_keeps_every_request_otherwise():
     """Paired by prompt where both arms measured the same prompts: a shared per-prompt swing cancels. Where the early
     stop ended them at different counts, Welch's interval over every request of both: a baseline's later requests
