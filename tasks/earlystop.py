@@ -14,7 +14,8 @@ the verdict does not judge (the control, probes: only their acceptance is compar
 a drafter whose acceptance lies clear below healthy (the verdict judges a drafter's speed only where its acceptance is
 healthy: `speed_from`). On one host the baseline is measured after the drafters (flows/diagnose.py), so that its own
 question is theirs: it settles once every judged arm's speedup over it lies clear of that arm's bound (`compared`),
-at its first requests where no arm's speed is judged, and at its own precision at most. A
+at its first requests where no arm's speed is judged, and at its own precision at most, once it has served every
+prompt those arms did (the verdict pairs them prompt by prompt only over as many requests of each). A
 drafter served past the positions it declares (static check position_limit) is also asked context_limit's question:
 its acceptance before that position against past it, from each request's own counts. That is settled once both
 sides hold the verdict's floor of drafts and their intervals are apart or both narrow; until then the window goes on
@@ -109,7 +110,7 @@ def should_stop(cfg: BenchConfig, p: Progress) -> str:
     versus = _comparisons_settled(q.compared, p.request_tok_s) if p.drafts is None and q.compared is not None else ""
     if versus:
         tok = versus
-    elif tok_rel <= cfg.tok_s_rel_half_width:
+    elif tok_rel <= cfg.tok_s_rel_half_width and not _pairs_pending(p):
         tok = f"known to +-{tok_rel:.0%}"
     elif speedup and not speedup[1] <= bound <= speedup[2]:
         tok = f"{speedup[0]:.3f}x the baseline [{speedup[1]:.3f}-{speedup[2]:.3f}], clear of {bound:.3g}x"
@@ -143,6 +144,13 @@ def _comparisons_settled(compared, tok_s: list[float]) -> str:
             return ""
         said.append(f"{arm}: {s[0]:.3f}x [{s[1]:.3f}-{s[2]:.3f}], clear of {bound:.3g}x")
     return f"against {'; '.join(said)}" if said else "not compared (no arm measured before it has its speed judged)"
+
+
+def _pairs_pending(p: Progress) -> bool:
+    """A baseline that has not yet served every prompt of an arm it is compared with: its own precision does not end
+    it before then, as the verdict pairs the two prompt by prompt only over as many requests of each."""
+    compared = p.asks.compared
+    return p.drafts is None and bool(compared) and len(p.request_tok_s) < max(len(t) for t, _, _ in compared)
 
 
 def _speed_moot(p: Progress) -> bool:

@@ -220,6 +220,7 @@ def test_a_baseline_measured_after_the_drafters_settles_their_speedups():
     assert "fast: 1.995x [1.907-2.087]" in stop(steady * 2, ((fast[0] * 2, 1.0, "fast"),), n=6)  # paired by prompt
     assert stop(noisy * 3, ((fast[0], 2.5, "fast"),), n=12) == ""  # 2x against draft_overhead's bound 2.5
     assert "known to" in stop(steady * 3, (near,), n=12)  # its own precision caps it, the comparison open
+    assert stop(steady * 3, ((near[0] * 2, 1.0, "near"),)) == ""  # ... once it has served near's 6 prompts
     assert questions("baseline", compared=(fast,)).describe(False) == "tok/s against fast (3 requests, bound 1x)"
 
     def arm(name, role, rate, drafts=100.0, k=2, **more):
