@@ -110,12 +110,12 @@ def should_stop(cfg: BenchConfig, p: Progress) -> str:
     versus = _comparisons_settled(q.compared, p.request_tok_s) if p.drafts is None and q.compared is not None else ""
     if versus:
         tok = versus
+    elif _speed_moot(p):  # said first where it holds: what the verdict will read, not what happened to be precise
+        tok = f"not judged (acceptance below {q.speed_from:g})"
     elif tok_rel <= cfg.tok_s_rel_half_width and not _pairs_pending(p):
         tok = f"known to +-{tok_rel:.0%}"
     elif speedup and not speedup[1] <= bound <= speedup[2]:
         tok = f"{speedup[0]:.3f}x the baseline [{speedup[1]:.3f}-{speedup[2]:.3f}], clear of {bound:.3g}x"
-    elif _speed_moot(p):
-        tok = f"not judged (acceptance below {q.speed_from:g})"
     elif q.tok_s_judged or p.drafts is None:
         return ""
     else:

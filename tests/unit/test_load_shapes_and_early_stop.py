@@ -191,6 +191,8 @@ def test_a_drafter_below_healthy_need_not_settle_tok_s():
         return should_stop(cfg, Progress(12, 1200, 5.0, list(noisy) * 3, drafts, rate, q, None, rate))
     assert "and tok/s not judged (acceptance below 0.6)" in stop(60, 0.0)  # a permuted drafter: [0, 0.06]
     assert "not judged" in stop(400, 0.55)  # [0.50-0.598]: known, and below 0.6
+    steady = Progress(12, 1200, 5.0, [10.0, 10.1, 9.9] * 4, 60, 0.0, asks)  # its tok/s known too: the reason given is
+    assert "tok/s not judged" in should_stop(cfg, steady)  # what the verdict reads, whatever else happened to settle
     assert stop(400, 0.58) == ""  # [0.53-0.63]: it may be healthy, so its speed may be judged
     assert stop(20, 0.0) == ""  # under the verdict's floor of drafts nothing is settled
     sweep = questions("probe", probe="k_sweep")
