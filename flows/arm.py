@@ -34,6 +34,7 @@ from tasks.reuse import FINGERPRINT, arm_result, asked_beside
 from tasks.scrape import counter_metrics, log_crosscheck, scrape, spec_totals, spec_window
 from tasks.teardown import stop_unreturned, teardown
 from tasks.verdict import questions, speed_judged
+from tasks.verdict.asks import Compared
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
             baseline_tok_s: list[float] | None = None, blockers: list[str] | None = None,
             fingerprint: dict | None = None, candidate: dict[str, float] | None = None,
             beside: bool = False, riders: list[Rider] | None = None,
-            compared: list[tuple[list[float], float, str]] | None = None) -> list[ArmResult]:
+            compared: Compared | None = None) -> list[ArmResult]:
     """baseline_tok_s: the baseline arm's per-request tok/s, once measured: the early stop compares with it.
     candidate: the candidate arm's metrics, once measured: a control's early stop compares with its acceptance
     (tasks/verdict/evidence.questions; other roles ignore it).
@@ -196,15 +197,14 @@ def _finish(tracker: Tracker, executor, windows: list[Window], parent_run_id: st
 
 
 def _asks(arm: Arm, offline, baseline_tok_s, candidate, beside: bool, tracker: Tracker, where: tuple[str, str],
-          compared=None):
+          compared: Compared | None = None):
     """What the verdict will ask of this arm, for its early stop; where measured beside the other arms, learned as the
     ones its questions compare with end: the candidate for a control or a probe, the baseline for an arm whose speed
     is judged."""
     def ask(learned: dict):
         tok_s, cand = learned.get("baseline", baseline_tok_s), learned.get("candidate", candidate)
         return questions(arm.role, offline, tuple(tok_s or ()), cand,
-                         arm.position_limit, arm.spec.num_speculative_tokens if arm.spec else 1, arm.probe,
-                         None if compared is None else tuple((tuple(t), b, a) for t, b, a in compared))
+                         arm.position_limit, arm.spec.num_speculative_tokens if arm.spec else 1, arm.probe, compared)
     wants = {"candidate": candidate} if arm.role in ("control", "probe") else {}
     if speed_judged(arm.role, arm.probe) and arm.role != "baseline":
         wants["baseline"] = baseline_tok_s

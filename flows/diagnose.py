@@ -221,7 +221,7 @@ def _measure(cfg, group, tracker, where, prompts, offline, results, blockers, pr
                   workdir=run_dir(cfg, parent), prompts=prompts, offline=offline.get(arm.name), baseline_tok_s=base,
                   blockers=blockers.get(arm.name), fingerprint=prints.get(arm.name), candidate=cand, riders=riders)
     if arm.role == "baseline" and any(r.role != "baseline" for r in results):  # after drafters: their speedups
-        params["compared"] = [list(c) for c in speed_compared(results)]
+        params["compared"] = speed_compared(results)
     if runs:  # measured beside the other arms: it learns their numbers as they end
         return out + remote_arm(runs, host, {**params, "beside": True})
     # The diagnosis's own flow run beats for this process; an arm's own heartbeat thread would hold its end for up to

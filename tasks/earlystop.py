@@ -139,7 +139,7 @@ def _comparisons_settled(compared, tok_s: list[float]) -> str:
     two cover different prompts, and the prompts' own spread would pass for the arms'), else how they settled."""
     said = []
     for arm_tok_s, bound, arm in compared:
-        s = speedup_interval(list(arm_tok_s), tok_s)
+        s = speedup_interval(arm_tok_s, tok_s)
         if len(tok_s) < len(arm_tok_s) or s is None or s[1] <= bound <= s[2]:
             return ""
         said.append(f"{arm}: {s[0]:.3f}x [{s[1]:.3f}-{s[2]:.3f}], clear of {bound:.3g}x")

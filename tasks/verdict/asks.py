@@ -34,8 +34,9 @@ def questions(role: str, offline: dict[str, float] | None = None, baseline_tok_s
 def speed_compared(results: list[ArmResult]) -> Compared:
     """For a baseline measured after the drafters: each measured arm whose speed the verdict may judge (speed_judged,
     on its own server, its acceptance interval reaching HEALTHY or a k_sweep probe), with its per-request tok/s and
-    the bound draft_overhead tests its speedup against (the tokens a step emits, from the engine's counters)."""
-    return tuple((tuple(r.request_tok_s), pays_bound(1 + r.metrics.get("acceptance_rate", 0.0) * r.k), r.arm)
+    the bound draft_overhead tests its speedup against (the tokens a step emits: the engine's mean acceptance length,
+    which counts drafts shorter than k as they were)."""
+    return tuple((tuple(r.request_tok_s), pays_bound(r.metrics.get("mean_acceptance_length", 1.0)), r.arm)
                  for r in results if r.ok and r.role != "baseline" and not r.served_with and r.request_tok_s
                  and speed_judged(r.role, r.probe)
                  and (r.probe == "k_sweep" or acceptance_interval(r.metrics)[1] >= HEALTHY))

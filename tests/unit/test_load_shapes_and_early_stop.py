@@ -226,12 +226,17 @@ def test_a_baseline_measured_after_the_drafters_settles_their_speedups():
     assert questions("baseline", compared=(fast,)).describe(False) == "tok/s against fast (3 requests, bound 1x)"
 
     def arm(name, role, rate, drafts=100.0, k=2, **more):
-        return ArmResult(name, role, "run", True, metrics={"acceptance_rate": rate, "num_drafts": drafts},
-                         request_tok_s=[10.0, 11.0, 12.0], k=k, **more)
+        return ArmResult(name, role, "run", True, request_tok_s=[10.0, 11.0, 12.0], k=k, **more, metrics={
+            "acceptance_rate": rate, "num_drafts": drafts, "mean_acceptance_length": 1 + rate * k})
     measured = [arm("base", "baseline", 0.0, 0.0, 0), arm("permuted", "candidate", 0.0), arm("good", "extra", 0.8),
                 arm("self", "control", 0.9), arm("rider", "probe", 0.8, probe="temperature", served_with="good"),
                 arm("k1", "probe", 0.0, k=1, probe="k_sweep"), replace(arm("broken", "extra", 0.9), ok=False)]
     assert speed_compared(measured) == (((10.0, 11.0, 12.0), 1.3, "good"), ((10.0, 11.0, 12.0), 1.0, "k1"))
+    # an n-gram drafter proposes fewer than k tokens where its match runs out: the tokens a step emits are the
+    # engine's mean acceptance length (1.9 here), not 1 + acceptance x k (4.6, whose bound would be 2.3x)
+    short = replace(arm("ngram", "extra", 0.9, k=4), metrics={"acceptance_rate": 0.9, "num_drafts": 100.0,
+                                                              "mean_acceptance_length": 1.9})
+    assert speed_compared([short])[0][1] == 1.0
 
 
 def test_the_speedup_pairs_prompts_over_equal_counts_and_keeps_every_request_otherwise():
