@@ -99,7 +99,7 @@ def test_demo_diagnosis_records_every_arm(demo, demo_cli, demo_store, no_servers
     assert "workflowType=machine_learning" in str(link.data) and tables
 
 
-def _baseline_ended_where_its_rule_first_held(done, base, cap=15):
+def _baseline_ended_where_its_rule_first_held(done, base):
     """On this one host the baseline is measured last, asked the comparisons the verdict will make with it: the
     speedup of each arm whose speed it judges. The permuted candidate's acceptance lies clear below HEALTHY (its
     speed is not judged: its window ended on acceptance, tok/s not asked) and the control's speed is never judged, so

@@ -202,7 +202,7 @@ def test_a_drafter_below_healthy_need_not_settle_tok_s():
 def test_a_baseline_measured_after_the_drafters_settles_their_speedups():
     """On one host the baseline comes last, asked the comparisons the verdict will make with it: each judged arm's
     speedup over it clear of that arm's bound. With none judged it ends at its first requests; its own tok/s known
-    to +-10% still ends it (no more than measured first)."""
+    to +-10% still ends it, once it has served every prompt of the arms it is compared with."""
     from tasks.record import ArmResult
     from tasks.verdict import speed_compared
 
