@@ -266,12 +266,11 @@ def main(argv: list[str] | None = None, early=None) -> int:
     sets = args.sets + [f"{k}={json.dumps(v)}" for k, v in over.items()
                         if v is not None and k not in ("drafter", "control", "arms")]
     signal.signal(signal.SIGTERM, _terminated)  # SIGTERM ends like Ctrl-C (Prefect re-raises it here after its own)
-    if early:
-        early.serve()
     try:
         # checked by prepare() already, and a profile of the user's own may name drafters the form's choices lack
-        results = diagnose.with_options(validate_parameters=False)(args.profile, cfg.drafter, cfg.control,
-                                                                     cfg.arms, sets)
+        with temporary_settings(early.serve() if early else {}):
+            results = diagnose.with_options(validate_parameters=False)(args.profile, cfg.drafter, cfg.control,
+                                                                         cfg.arms, sets)
     except SpecdiagError as exc:  # e.g. the engine environment could not be built
         print(f"specdiag: error: {exc}", file=sys.stderr)
         return 2

@@ -34,11 +34,14 @@ class EarlyServer:
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/api"
 
-    def serve(self, timeout_s: float = 120) -> None:
+    def serve(self, timeout_s: float = 120) -> dict:
         """This server as the Prefect API for the rest of the process (Prefect's exit hooks included), unless
-        Prefect's profile configures one: then that one, and this one stopped."""
+        Prefect's profile configures one: then that one, and this one stopped. Returns the settings the diagnosis's
+        flow runs under: on this server, no flow-run heartbeat. A heartbeat is for a server that outlives the process
+        (it marks a run that went silent crashed); this one does not, and the flow's end waits up to 1 s for the
+        heartbeat thread's sleep."""
         from prefect.context import refresh_global_settings_context
-        from prefect.settings import PREFECT_API_URL
+        from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
         from infra.browser import wait_http
 
@@ -50,12 +53,15 @@ class EarlyServer:
             return self.stop()
         os.environ["PREFECT_API_URL"] = self.api_url
         refresh_global_settings_context()  # Prefect reads its settings at import: this makes it read them again
+        return {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
 
-    def stop(self) -> None:
+    def stop(self) -> dict:
+        """Stopped, where it still runs; no settings of its own from then on."""
         from infra.browser import stop  # imported here: this module is imported before anything heavy
 
         if self.proc.poll() is None:
             stop(self.proc, 10)
+        return {}
 
 
 def early_server() -> EarlyServer | None:
