@@ -6,11 +6,12 @@ Each candidate:control pair is diagnosed twice on the embedded engine, as a user
 --drafter D --control C` (the default: each arm ends once its numbers settle what the verdict asks of it, the
 profile's num_prompts being the cap), then the same with --fixed (every prompt of num_prompts measured). Each run is
 a fresh process with no Prefect server configured, so it pays for imports and Prefect's temporary server every time,
-and with its own MLflow store (one run's arms must not be reused by the next). What only a machine's first diagnosis
-pays is paid before the clock starts, as a user's later diagnoses find it: each store is created (MLflow's schema
-migrations, 2.6 s on 2 cores) and the pairs' embedded checkpoints are built (smol-noisy: ~4 s). Printed per run: the process's wall time against the sum of its arms'
-server loads and benchmarks (goal <= 1.1x), where the rest went, the output tokens measured and the verdict; then
-tokens by default over --fixed for the same verdict (goal <= 25%).
+and with its own MLflow store (one run's arms must not be reused by the next). What only a machine's first
+diagnosis pays is paid before the clock starts, as a user's later diagnoses find it: each store is created (MLflow's
+schema migrations, 2.6 s on 2 cores) and the pairs' embedded checkpoints are built (smol-noisy: ~4 s). Printed per
+run: the process's wall time against the sum of its arms' server loads and benchmarks (goal <= 1.1x), where the rest
+went, the output tokens measured and the verdict; then tokens by default over --fixed for the same verdict (goal <=
+25%).
 """
 import argparse
 import os
