@@ -22,7 +22,8 @@ BENCH = ("--fixed", "--max-tokens", "64")
 def test_faulty_engine_patch_is_named_integration(cli, no_servers_left, tmp_path):
     """Run as a user would, with the CLI's defaults (local host, default host.workdir): the offline evaluation must
     run and its numbers must reach the verdict (it failed on every local run before: SameFileError). Then the good
-    head itself, as a candidate against the same control, is `healthy` (issue 18)."""
+    head itself, as a candidate against the same control, is not blamed: `healthy`, or `draft_overhead` where the
+    host makes its drafting cost more than it saves (issue 18)."""
     done = cli("--drafter", "smol-eagle3-badpatch", "--control", "smol-eagle3", "--arms", "smol-eagle3-scrambled",
                *BENCH)
     assert done.returncode == 0, done.output[-3000:]
@@ -61,8 +62,15 @@ def test_faulty_engine_patch_is_named_integration(cli, no_servers_left, tmp_path
     again = cli("--drafter", str(head), "--control", "smol-eagle3", *BENCH)
     assert again.returncode == 0, again.output[-3000:]
     assert {a for a, r in again.arms.items() if "specdiag.reused_from" in r.data.tags} == {"baseline", "smol-eagle3"}
-    assert again.parent.data.tags["specdiag.verdict"] == "healthy", again.output[-3000:]
     assert "candidate acceptance matches the control's" in again.output
+    # Its acceptance is the control's: `healthy`, or `draft_overhead` where drafting costs this host more than it
+    # saves. Which one is the host's: on 2026-12-07's VM (server loads of 38-49 s) this head measured 0.79x
+    # [0.73-0.86] at k=3, and then the verdict must show that speedup clear below 1.
+    cause = again.parent.data.tags["specdiag.verdict"]
+    assert cause in ("healthy", "draft_overhead"), again.output[-3000:]
+    if cause == "draft_overhead":
+        assert again.arms["my-eagle3"].data.metrics["speedup_paired_hi"] < 1, again.output[-3000:]
+        assert "acceptance is fine, but the measured speedup" in again.output
 
 
 def test_a_head_served_other_layers_than_it_was_trained_on_is_named_aux_layers(cli, no_servers_left):
