@@ -1,8 +1,9 @@
 """Prefect's temporary server, started off the critical path. When no Prefect server is configured, a flow starts
 Prefect's temporary server itself (SubprocessASGIServer), after every import and input check, and waits for it. Run
-as a program, flows/diagnose.py starts the same server (the same uvicorn command and environment, less automations) as its
-first act instead, before importing anything heavy, so that it boots on another core while the program imports and
-checks its inputs; it is then the process's Prefect API (PREFECT_API_URL) to the end, Prefect's exit hooks included,
+as a program, flows/diagnose.py starts the same server (the same uvicorn command and environment, less automations)
+as its first act instead, before importing anything heavy, so that it boots on another core while the program
+imports and checks its inputs; it is then the process's Prefect API (PREFECT_API_URL) to the end, Prefect's exit
+hooks included,
 and stopped after them. A server configured in Prefect's profile wins: the early one is stopped unused. Bad input
 stops it at once. It runs no automations (Prefect's triggers and actions services, 0.6 s of its start on 2 cores and
 0.15 s of its first request): a server that lives for one diagnosis has none to run; a user's automations run on
@@ -49,22 +50,22 @@ class EarlyServer:
         from infra.browser import wait_http
 
         if PREFECT_API_URL.value():
-            return self.stop()
+            self.stop()
+            return {}
         try:
             wait_http(f"{self.api_url}/health", self.proc, timeout_s, "Prefect's temporary server", every_s=0.1)
         except RuntimeError:  # Prefect's own start says why
-            return self.stop()
+            self.stop()
+            return {}
         os.environ["PREFECT_API_URL"] = self.api_url
         refresh_global_settings_context()  # Prefect reads its settings at import: this makes it read them again
         return {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
 
-    def stop(self) -> dict:
-        """Stopped, where it still runs; no settings of its own from then on."""
+    def stop(self) -> None:
         from infra.browser import stop  # imported here: this module is imported before anything heavy
 
         if self.proc.poll() is None:
             stop(self.proc, 10)
-        return {}
 
 
 def early_server() -> EarlyServer | None:
