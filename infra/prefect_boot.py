@@ -4,9 +4,9 @@ as a program, flows/diagnose.py starts the same server (the same uvicorn command
 as its first act instead, before importing anything heavy, so that it boots on another core while the program
 imports and checks its inputs; it is then the process's Prefect API (PREFECT_API_URL) to the end, Prefect's exit
 hooks included, and stopped after them. A server configured in Prefect's profile wins: the early one is stopped
-unused. Bad input stops it at once. It runs no automations (Prefect's triggers and actions services, 0.6 s of its start on 2 cores and
-0.15 s of its first request): a server that lives for one diagnosis has none to run; a user's automations run on
-their own Prefect server, which the program then uses instead."""
+unused. Bad input stops it at once. It runs no automations (Prefect's triggers and actions services, 0.6 s of its
+start on 2 cores and 0.15 s of its first request): a server that lives for one diagnosis has none to run; a user's
+automations run on their own Prefect server, which the program then uses instead."""
 from __future__ import annotations
 
 import atexit
