@@ -36,11 +36,15 @@ def no_server_left():
 
 def test_eagle3_diagnosis_with_offline_evaluation_runs_through_ssh(cli, sshd, tmp_path):
     """The EAGLE-3 head behind the faulty engine patch, on the SSH host: the offline evaluation runs there (script
-    and job sent over SFTP, report fetched back) and the verdict compares it with what the host's server served."""
+    and job sent over SFTP, report fetched back) and the verdict compares it with what the host's server served.
+    Beside it, an extra arm: smol-eagle3-wrongaux, the trained head (layers 2, 15, 27) with a config naming (1, 8, 20).
+    The engine feeds it what the config says; offline, the same head on the engine's default layers accepts far more:
+    `aux_layers`, with the layers it was trained on, decided by the offline evaluation (no extra server)."""
     done = cli("--profile", ssh_profile(sshd, tmp_path), "--host", "sshbox", "--drafter", "smol-eagle3-badpatch",
-               "--no-control", "--prompt-set", "topics", "--prompts", "8", "--max-tokens", "48")
+               "--no-control", "--arms", "smol-eagle3-wrongaux", "--prompt-set", "topics", "--prompts", "8",
+               "--max-tokens", "48")
     assert done.returncode == 0, done.output[-3000:]
-    assert set(done.arms) == {"baseline", "smol-eagle3-badpatch"}
+    assert set(done.arms) == {"baseline", "smol-eagle3-badpatch", "smol-eagle3-wrongaux"}
     run = done.arms["smol-eagle3-badpatch"].data
     assert run.params["host"] == "sshbox"
     assert run.params["server_cmd"].startswith("setsid nohup env ")
@@ -53,7 +57,14 @@ def test_eagle3_diagnosis_with_offline_evaluation_runs_through_ssh(cli, sshd, tm
     assert (Path.home() / "runs" / parent_id / "smol-eagle3-badpatch.server.log").exists()  # where the host wrote it
     assert (Path.home() / "runs" / parent_id / "offline_eval.json").exists()  # the report, made on the host
     assert done.parent.data.tags["specdiag.verdict"] == "integration"
-    assert "offline acceptance" in done.artifact_text(done.parent, "verdict.md")
+    verdict = done.artifact_text(done.parent, "verdict.md")
+    assert "offline acceptance" in verdict
+
+    wrong = done.arms["smol-eagle3-wrongaux"].data
+    assert wrong.metrics["offline_acceptance_rate_aux_default"] > 1.5 * wrong.metrics["offline_acceptance_rate"]
+    assert wrong.tags["specdiag.arm_verdict"] == "aux_layers"
+    line = next(ln for ln in verdict.splitlines() if "smol-eagle3-wrongaux on its own: `aux_layers`" in ln)
+    assert "[2, 15, 27]" in line, line
     no_server_left()
 
 
