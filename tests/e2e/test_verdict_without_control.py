@@ -4,6 +4,8 @@ import re
 
 import pytest
 
+from tests.conftest import diagnose
+
 pytestmark = pytest.mark.e2e
 
 
@@ -14,25 +16,22 @@ def _prefect_servers() -> list[str]:
     return found.stdout.split()
 
 
-def test_drafter_that_never_drafts_is_named_spec_disabled(cli, no_servers_left):
+@pytest.fixture(scope="module")
+def defaults_store(tmp_path_factory) -> str:
+    """One MLflow store for the diagnoses below that keep the benchmark's defaults: a later one reuses the baseline."""
+    return f"sqlite:///{tmp_path_factory.mktemp('no-control')}/mlflow.db"
+
+
+def test_drafter_that_never_drafts_is_named_spec_disabled(prefect_server, defaults_store, no_servers_left):
     before = _prefect_servers()
     # as on a fresh machine: no Prefect server configured, the program boots Prefect's temporary server as its first
     # act (beside its imports and input checks) and stops it at the end
-    done = cli("--drafter", "ngram-never", "--no-control", prefect_api=False)
+    done = diagnose(defaults_store, "--drafter", "ngram-never", "--no-control", prefect_api=False)
     assert done.returncode == 0, done.output[-3000:]
     assert _prefect_servers() == before and "sys/startup_s" in done.parent.data.metrics
     cand = done.arms["ngram-never"].data
     assert cand.metrics["num_drafts"] == 0 and cand.metrics["sys/output_tokens"] > 0
     assert done.parent.data.tags["specdiag.verdict"] == "spec_disabled"
-    # --rerun repeats it exactly: the recorded profile and prompt texts, every arm measured again (none reused)
-    again = cli("--rerun", done.parent.info.run_id)
-    assert again.returncode == 0 and again.parent.info.run_id != done.parent.info.run_id, again.output[-3000:]
-    assert again.artifact_text(again.parent, "prompts.jsonl") == done.artifact_text(done.parent, "prompts.jsonl")
-    for name in ("baseline", "ngram-never"):
-        new, old = again.arms[name].data, done.arms[name].data
-        assert new.params["server_cmd"] == old.params["server_cmd"] and "specdiag.reused_from" not in new.tags
-        assert new.params.get("bench_endpoint") == old.params.get("bench_endpoint")
-    assert again.parent.data.tags["specdiag.verdict"] == "spec_disabled"
 
 
 def test_self_drafting_is_draft_overhead_and_a_short_context_drafter_is_context_limit(cli, no_servers_left, tmp_path):
@@ -89,14 +88,30 @@ def test_self_drafting_is_draft_overhead_and_a_short_context_drafter_is_context_
     assert ("past it [" in stopped) if stopped else short.metrics["sys/requests_ok"] == 8, stopped
 
 
-def test_a_checkpoint_the_engine_cannot_map_is_stopped_before_its_load(cli, no_servers_left):
+def test_a_checkpoint_the_engine_cannot_map_is_stopped_before_its_load(prefect_server, defaults_store,
+                                                                      no_servers_left):
     """The demo head with its d2t dropped (draft vocab 4096 < 49152): the engine would read draft id i as target id
-    i. The static check gates the arm: no server is started for it, the baseline still runs, the verdict cites it."""
-    done = cli("--drafter", "smol-eagle3-nod2t", "--no-control", "--prompts", "2")
+    i. The static check gates the arm: no server is started for it, the diagnosis goes on with its other arms, the
+    verdict cites it. With the benchmark's defaults on the store above, its baseline is the one measured there (run
+    alone, it is measured now)."""
+    done = diagnose(defaults_store, "--drafter", "smol-eagle3-nod2t", "--no-control")
     assert done.returncode == 1  # an arm failed
+    assert "[smol-eagle3-nod2t] launched pid" not in done.output
     cand, base = done.arms["smol-eagle3-nod2t"], done.arms["baseline"]
     assert base.info.status == "FINISHED" and cand.info.status == "FAILED"
     assert cand.data.tags["specdiag.error"].startswith("StaticCheckFailed: d2t_missing")
     assert cand.data.params["server_cmd"] == "not launched" and "sys/server_ready_s" not in cand.data.metrics
     assert done.parent.data.tags["specdiag.verdict"] == "vocab_mismatch"
     assert "d2t_missing" in done.artifact_text(done.parent, "verdict.md")
+    # --rerun repeats it exactly: the recorded profile and prompt texts, every arm measured again (none reused, the
+    # baseline served anew), the candidate stopped before its load again
+    again = diagnose(defaults_store, "--rerun", done.parent.info.run_id)
+    assert again.returncode == 1 and again.parent.info.run_id != done.parent.info.run_id, again.output[-3000:]
+    assert again.artifact_text(again.parent, "prompts.jsonl") == done.artifact_text(done.parent, "prompts.jsonl")
+    launches = [ln for ln in again.output.splitlines() if "] launched pid" in ln]
+    assert len(launches) == 1 and "[baseline] launched pid" in launches[0], launches
+    for name in ("baseline", "smol-eagle3-nod2t"):
+        new, old = again.arms[name].data, done.arms[name].data
+        assert new.params["server_cmd"] == old.params["server_cmd"] and "specdiag.reused_from" not in new.tags
+        assert new.params.get("bench_endpoint") == old.params.get("bench_endpoint")
+    assert again.parent.data.tags["specdiag.verdict"] == "vocab_mismatch"
