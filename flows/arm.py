@@ -52,10 +52,11 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
             baseline_tok_s: list[float] | None = None, blockers: list[str] | None = None,
             fingerprint: dict | None = None, candidate: dict[str, float] | None = None,
             beside: bool = False, riders: list[Rider] | None = None,
-            compared: Compared | None = None) -> list[ArmResult]:
+            compared: Compared | None = None, control: dict[str, float] | None = None) -> list[ArmResult]:
     """baseline_tok_s: the baseline arm's per-request tok/s, once measured: the early stop compares with it.
     candidate: the candidate arm's metrics, once measured: a control's early stop compares with its acceptance
-    (tasks/verdict/evidence.questions; other roles ignore it).
+    (tasks/verdict/asks.questions; other roles ignore it). control: the control's metrics, where it was measured
+    before the candidate (reused): the candidate's early stop compares with its acceptance.
     blockers: static findings that make a server load pointless; the arm then fails before its server starts.
     fingerprint: what decides the measurement (infra/fingerprint.py): tagged by digest, so a later diagnosis reuses it.
     beside: measured beside the diagnosis's other arms (spread over hosts): what of baseline_tok_s and candidate
@@ -81,7 +82,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
             first.ev.metrics["server_ready_s"] = wait_healthy(server, cfg.health_timeout_s)
             ready = True
             first.measure(cfg, server, prompts, _asks(arm, offline, baseline_tok_s, candidate, beside, tracker, where,
-                                                      compared))
+                                                      compared, control))
         # riders on the candidate's own server compare with its window, just measured (tasks/verdict/asks.py)
         measured = first.ev.metrics | request_metrics(first.ev.bench.records) \
             if arm.role == "candidate" and first.result.ok else None  # as the verdict reads it: spread over requests
@@ -197,14 +198,15 @@ def _finish(tracker: Tracker, executor, windows: list[Window], parent_run_id: st
 
 
 def _asks(arm: Arm, offline, baseline_tok_s, candidate, beside: bool, tracker: Tracker, where: tuple[str, str],
-          compared: Compared | None = None):
+          compared: Compared | None = None, control: dict[str, float] | None = None):
     """What the verdict will ask of this arm, for its early stop; where measured beside the other arms, learned as the
     ones its questions compare with end: the candidate for a control or a probe, the baseline for an arm whose speed
     is judged."""
     def ask(learned: dict):
         tok_s, cand = learned.get("baseline", baseline_tok_s), learned.get("candidate", candidate)
         return questions(arm.role, offline, tuple(tok_s or ()), cand,
-                         arm.position_limit, arm.spec.num_speculative_tokens if arm.spec else 1, arm.probe, compared)
+                         arm.position_limit, arm.spec.num_speculative_tokens if arm.spec else 1, arm.probe, compared,
+                         control)
     wants = {"candidate": candidate} if arm.role in ("control", "probe") else {}
     if speed_judged(arm.role, arm.probe) and arm.role != "baseline":
         wants["baseline"] = baseline_tok_s

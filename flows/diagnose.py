@@ -163,8 +163,7 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
         return measured
     groups = shared_servers(drafters, lambda a: not speed_judged(a.role, a.probe) and not blockers[a.name])
     if not runs:  # in order, in this thread: Ctrl-C reaches the arm's own teardown
-        reused = any(_reusable(cfg, a, tracker, prints[cfg.host.name], blockers) for a in drafters
-                     if a.role == "baseline")
+        reused = {a.name for a in drafters if _reusable(cfg, a, tracker, prints[cfg.host.name], blockers)}
         done = [r for g in _in_order(cfg, groups, reused) for r in one(g, cfg.host.name)]
     else:
         try:
@@ -177,14 +176,17 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
     return sorted(done, key=lambda r: order.index(r.arm))
 
 
-def _in_order(cfg, groups: list, reused: bool) -> list:
-    """The baseline's server last where it is measured on this machine, where the offline evaluation has ended
-    before any arm: its window then settles exactly the speedups the verdict will judge (tasks/earlystop.py), not its
-    own tok/s to a precision none may need. First on a remote host, where its load runs beside the offline evaluation
-    (the drafter arms wait for those numbers), and first where it is reused (the arms compare with it as they run)."""
-    if reused or cfg.host.kind != "local":
-        return groups
-    return sorted(groups, key=lambda g: g[0].role == "baseline")  # stable: the others keep the plan's order
+def _in_order(cfg, groups: list, reused: set[str]) -> list:
+    """Reused arms first: they cost nothing, and the arms measured after them compare with them as they run (a
+    reused baseline's requests, a reused control's acceptance). Then the baseline's server last where it is measured
+    on this machine, where the offline evaluation has ended before any arm: its window then settles exactly the
+    speedups the verdict will judge (tasks/earlystop.py), not its own tok/s to a precision none may need; first on a
+    remote host, where its load runs beside the offline evaluation (the drafter arms wait for those numbers)."""
+    first = [g for g in groups if all(a.name in reused for a in g)]
+    rest = [g for g in groups if g not in first]
+    if cfg.host.kind == "local":
+        rest.sort(key=lambda g: g[0].role == "baseline")  # stable: the others keep the plan's order
+    return first + rest
 
 
 def _reusable(cfg, arm, tracker, prints: dict, blockers: dict):
@@ -217,9 +219,11 @@ def _measure(cfg, group, tracker, where, prompts, offline, results, blockers, pr
     arm, riders = todo[0], [Rider(a, offline.get(a.name), prints.get(a.name)) for a in todo[1:]]
     base = next((r.request_tok_s for r in results if r.role == "baseline" and r.ok), None)
     cand = next((r.metrics for r in results if r.role == "candidate" and r.ok), None)
+    ctrl = next((r.metrics for r in results if r.role == "control" and r.ok), None)
     params = dict(cfg=cfg, arm=arm, tracking_uri=tracker.uri, experiment_id=experiment, parent_run_id=parent,
                   workdir=run_dir(cfg, parent), prompts=prompts, offline=offline.get(arm.name), baseline_tok_s=base,
-                  blockers=blockers.get(arm.name), fingerprint=prints.get(arm.name), candidate=cand, riders=riders)
+                  blockers=blockers.get(arm.name), fingerprint=prints.get(arm.name), candidate=cand, riders=riders,
+                  control=ctrl)
     if arm.role == "baseline" and any(r.role != "baseline" for r in results):  # after drafters: their speedups
         params["compared"] = speed_compared(results)
     if runs:  # measured beside the other arms: it learns their numbers as they end

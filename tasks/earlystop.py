@@ -1,27 +1,27 @@
 """Early stop: end an arm's measured window once its numbers are as precise as the verdict needs.
 
-Sequential intervals, checked after every completed request: acceptance's Wilson interval over the drafts
-counted so far (the engine's counters, read mid-window) and per-request tok/s's t-interval. Acceptance is known
-well enough once its interval is narrow (`acceptance_half_width`) or, over at least the verdict's minimum of drafts,
-lies clear of every threshold the verdict will test this arm against (`decisions`, from tasks/verdict.py): a
-drafter at 0.36 need not be pinned to +-0.05 for the verdict to call it "below 0.6 and above 0.1". The control is
-also compared with the candidate: measured after it, it settles once clear of the candidate's interval too (`rival`),
-over the verdict's floor for a control (few drafts, since a good control accepts whole drafts). Likewise tok/s
-is known well enough once narrow (`tok_s_rel_half_width`) or once the verdict's own speedup interval over the
-baseline arm's requests (infra.stats.speedup_interval) lies clear of 1: the speedup's side of 1 is then settled (for a
-drafter whose steps emit more than 2 tokens, clear of half of them: draft_overhead's other bound). Arms whose speed
-the verdict does not judge (the control, probes: only their acceptance is compared) need not settle tok/s at all, nor
-a drafter whose acceptance lies clear below healthy (the verdict judges a drafter's speed only where its acceptance is
-healthy: `speed_from`). On one host the baseline is measured after the drafters (flows/diagnose.py), so that its own
-question is theirs: it settles once every judged arm's speedup over it lies clear of that arm's bound (`compared`),
-at its first requests where no arm's speed is judged, and at its own precision at most, once it has served every
-prompt those arms did (the verdict pairs them prompt by prompt only over as many requests of each). A
-drafter served past the positions it declares (static check position_limit) is also asked context_limit's question:
-its acceptance before that position against past it, from each request's own counts. That is settled once both
-sides hold the verdict's floor of drafts and their intervals are apart or both narrow; until then the window goes on
-(to the cap, where no sequence passes the limit). A token or time budget stops the window regardless. Checking after
-every request makes the nominal 95% slightly optimistic; the targets are set tighter than the verdict's margins to
-absorb that.
+Sequential intervals, checked after every completed request: acceptance's Wilson interval over the drafts counted so far
+(the engine's counters, read mid-window) and per-request tok/s's t-interval. Acceptance is known well enough once its
+interval is narrow (`acceptance_half_width`) or, over at least the verdict's minimum of drafts, lies clear of every
+threshold the verdict will test this arm against (`decisions`, from tasks/verdict.py): a drafter at 0.36 need not be
+pinned to +-0.05 for the verdict to call it "below 0.6 and above 0.1". The control is also compared with the candidate:
+measured after it, it settles once clear of the candidate's interval too (`rival`), over the verdict's floor for a
+control (few drafts, since a good control accepts whole drafts); a candidate measured after a reused control, once clear
+of the control's interval (or narrow: overlapping intervals decide only so). Likewise tok/s is known well enough once
+narrow (`tok_s_rel_half_width`) or once the verdict's own speedup interval over the baseline arm's requests
+(infra.stats.speedup_interval) lies clear of 1: the speedup's side of 1 is then settled (for a drafter whose steps emit
+more than 2 tokens, clear of half of them: draft_overhead's other bound). Arms whose speed the verdict does not judge
+(the control, probes: only their acceptance is compared) need not settle tok/s at all, nor a drafter whose acceptance
+lies clear below healthy (the verdict judges a drafter's speed only where its acceptance is healthy: `speed_from`). On
+one host the baseline is measured after the drafters (flows/diagnose.py), so that its own question is theirs: it settles
+once every judged arm's speedup over it lies clear of that arm's bound (`compared`), at its first requests where no
+arm's speed is judged, and at its own precision at most, once it has served every prompt those arms did (the verdict
+pairs them prompt by prompt only over as many requests of each). A drafter served past the positions it declares (static
+check position_limit) is also asked context_limit's question: its acceptance before that position against past it, from
+each request's own counts. That is settled once both sides hold the verdict's floor of drafts and their intervals are
+apart or both narrow; until then the window goes on (to the cap, where no sequence passes the limit). A token or time
+budget stops the window regardless. Checking after every request makes the nominal 95% slightly optimistic; the targets
+are set tighter than the verdict's margins to absorb that.
 """
 from __future__ import annotations
 

@@ -13,21 +13,25 @@ Compared = tuple[tuple[tuple[float, ...], float, str], ...]
 
 def questions(role: str, offline: dict[str, float] | None = None, baseline_tok_s: tuple[float, ...] = (),
               candidate: dict[str, float] | None = None, position_limit: int = 0, k: int = 1,
-              probe: str = "", compared: Compared | None = None) -> Questions:
+              probe: str = "", compared: Compared | None = None, control: dict[str, float] | None = None) -> Questions:
     """candidate: the candidate arm's metrics, where it was measured first: a control is then settled once clear of
     the candidate's interval as well as of its thresholds (versus_control's question), over the rules' floor for a
     control, MIN_CONTROL_DRAFTS; a probe once clear of where the probes rule's comparison with it flips
     (probes.probe_flips). probe: the probe that derived the arm. position_limit: the positions its drafter declares,
     where the server serves more (static check position_limit): context_limit's question, acceptance before that
     position against past it, drafting k tokens a step. A drafter's speed is judged from HEALTHY on (draft_overhead),
-    a k_sweep probe's whatever it accepts. compared: the baseline's, measured after the drafters (speed_compared)."""
+    a k_sweep probe's whatever it accepts. compared: the baseline's, measured after the drafters (speed_compared).
+    control: the control arm's metrics, where it was measured before the candidate (reused): the candidate is then
+    settled once clear of the control's interval as well as of its thresholds, or narrow (versus_control's question:
+    overlapping intervals decide only when narrow)."""
     known = candidate if candidate and candidate.get("num_drafts") else None
-    rival = acceptance_interval(known) if role == "control" and known else None
+    ref = control if role == "candidate" and control and control.get("num_drafts") else None
+    rival = acceptance_interval(known) if role == "control" and known else (acceptance_interval(ref) if ref else None)
     flips = probe_flips(probe, known) if role == "probe" else ()
     judged = speed_judged(role, probe)
-    return Questions(decision_thresholds(role, offline) + flips, MIN_CONTROL_DRAFTS if rival else MIN_DRAFTS,
-                     baseline_tok_s, judged, rival, position_limit, max(1, k),
-                     HEALTHY if judged and role != "baseline" and probe != "k_sweep" else 0.0,
+    floor = MIN_CONTROL_DRAFTS if role == "control" and rival else MIN_DRAFTS
+    return Questions(decision_thresholds(role, offline) + flips, floor, baseline_tok_s, judged, rival, position_limit,
+                     max(1, k), HEALTHY if judged and role != "baseline" and probe != "k_sweep" else 0.0,
                      compared if role == "baseline" else None)
 
 

@@ -165,8 +165,10 @@ def _follow_up_reuses_the_baseline_and_the_control(cli, first):
         assert "reused" in line, line
     assert "now" in next(ln for ln in again.output.splitlines() if ln.split()[:1] == ["smol-noisy"])
     assert "speedup_paired" in again.arms["smol-noisy"].data.metrics  # paired with the reused baseline's requests
-    # a reused baseline goes first (flows/diagnose._in_order): the candidate's window was compared with it as it ran
-    assert "tok/s against the baseline's 3 requests" in again.arms["smol-noisy"].data.tags["specdiag.asked"]
+    # reused arms go first (flows/diagnose._in_order): the candidate's window was compared as it ran with the reused
+    # baseline's tok/s and the reused control's acceptance
+    asked = again.arms["smol-noisy"].data.tags["specdiag.asked"]
+    assert "tok/s against the baseline's 3 requests" in asked and "acceptance against the compared arm's [" in asked
     assert "smol-self: acceptance" in again.artifact_text(again.parent, "verdict.md")
     # an under-trained drafter against the known-good control, tuned to land clearly between the permuted fault (~0)
     # and the control (~1): training_quality

@@ -156,7 +156,27 @@ def test_control_settles_once_clear_of_the_candidate_it_is_compared_with():
     alone = questions("control")
     assert alone.rival is None and alone.min_drafts == verdict.MIN_DRAFTS
     assert should_stop(cfg, _progress(drafts=21, rate=20 / 21, decisions=alone.decisions, judged=False)) == ""
-    assert questions("candidate", candidate=near_zero).rival is None  # only the control is compared this way
+    assert questions("candidate", candidate=near_zero).rival is None  # a candidate is compared with the control
+
+
+def test_candidate_after_a_reused_control_settles_apart_from_it_or_narrow():
+    """A control reused from an earlier diagnosis is known before the candidate runs: the candidate then answers
+    versus_control's question too. Overlapping intervals decide only when narrow, so a candidate clear of its own
+    thresholds but inside the control's goes on until narrow; one clear of the control ends as before."""
+    cfg = BenchConfig()
+    control = {"acceptance_rate": 0.32, "num_drafts": 470.0}  # [0.28, 0.36]: the demo head as the control
+    asks = questions("candidate", control=control)
+    assert asks.rival == pytest.approx(verdict.acceptance_interval(control)) and asks.min_drafts == verdict.MIN_DRAFTS
+    assert "acceptance against the compared arm's [0.279-0.363]" in asks.describe()
+    assert questions("candidate").rival is None and questions("control", control=control).rival is None
+    # 0.33 over 120 drafts: [0.25, 0.42], clear of 0.1 and 0.6 (enough before), but inside the control's: go on
+    matching = dict(decisions=asks.decisions, rival=asks.rival, min_drafts=asks.min_drafts, judged=False)
+    assert should_stop(cfg, _progress(drafts=120, rate=0.33, **matching)) == ""
+    assert "clear of the verdict's thresholds" in should_stop(cfg, _progress(drafts=120, rate=0.33, **{
+        **matching, "rival": None}))
+    assert "acceptance known to +-0.05" in should_stop(cfg, _progress(drafts=340, rate=0.33, **matching))
+    # a candidate far below the control: apart, over the candidate's floor of drafts
+    assert "and of [0.279-0.363]" in should_stop(cfg, _progress(drafts=100, rate=0.17, **matching))  # [0.11, 0.26]
 
 
 def test_tok_s_clear_of_the_baseline_is_enough():

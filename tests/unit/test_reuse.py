@@ -134,3 +134,19 @@ def test_an_arm_measured_beside_others_learns_their_numbers_as_their_runs_end(tm
     arm("candidate", near_zero)
     asks = control()
     assert asks.rival == pytest.approx(acceptance_interval(near_zero)) and asks.min_drafts == 10
+
+
+def test_reused_arms_go_first_and_on_this_machine_a_measured_baseline_last():
+    """flows/diagnose._in_order: a reused arm costs nothing and the arms measured after it compare with it (a reused
+    control's acceptance is the candidate's rival); a baseline measured here comes after the drafters it compares."""
+    from flows.diagnose import _in_order
+
+    cfg = load_profile("demo", {})
+    groups = [[a] for a in plan_arms(cfg)]
+    names = lambda order: [g[0].name for g in order]  # noqa: E731
+    assert names(groups) == ["baseline", "smol-permuted", "smol-self"]
+    assert names(_in_order(cfg, groups, set())) == ["smol-permuted", "smol-self", "baseline"]
+    assert names(_in_order(cfg, groups, {"baseline"})) == ["baseline", "smol-permuted", "smol-self"]
+    assert names(_in_order(cfg, groups, {"smol-self"})) == ["smol-self", "smol-permuted", "baseline"]
+    remote = cfg.model_copy(update={"host": cfg.host.model_copy(update={"kind": "ssh"})})
+    assert names(_in_order(remote, groups, {"smol-self"})) == ["smol-self", "baseline", "smol-permuted"]
