@@ -3,6 +3,8 @@ import subprocess
 
 import pytest
 
+from tests.conftest import diagnose
+
 
 @pytest.fixture
 def no_servers_left():
@@ -31,8 +33,6 @@ def eagle3_store(tmp_path_factory) -> str:
 def eagle3_cli(prefect_server, eagle3_store):
     """`python flows/diagnose.py ARGS --fixed --max-tokens 64` on the EAGLE-3 store: an arm measured there before with
     the same head is reused."""
-    from tests.conftest import diagnose
-
     return lambda *args, **kw: diagnose(eagle3_store, *args, *EAGLE3_BENCH, **kw)
 
 
@@ -40,7 +40,5 @@ def eagle3_cli(prefect_server, eagle3_store):
 def eagle3(prefect_server, eagle3_store):
     """The seed's central suspect, run once per test session: the trained head behind a faulty engine patch, against
     the same head on the unpatched engine, with the scrambled-d2t head as an extra arm (four server loads)."""
-    from tests.conftest import diagnose
-
     return diagnose(eagle3_store, "--drafter", "smol-eagle3-badpatch", "--control", "smol-eagle3", "--arms",
                     "smol-eagle3-scrambled", *EAGLE3_BENCH)
