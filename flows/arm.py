@@ -200,14 +200,14 @@ def _finish(tracker: Tracker, executor, windows: list[Window], parent_run_id: st
 def _asks(arm: Arm, offline, baseline_tok_s, candidate, beside: bool, tracker: Tracker, where: tuple[str, str],
           compared: Compared | None = None, control: dict[str, float] | None = None):
     """What the verdict will ask of this arm, for its early stop; where measured beside the other arms, learned as the
-    ones its questions compare with end: the candidate for a control or a probe, the baseline for an arm whose speed
-    is judged."""
+    ones its questions compare with end: the candidate for a probe, the control for the candidate, the baseline for an
+    arm whose speed is judged."""
     def ask(learned: dict):
         tok_s, cand = learned.get("baseline", baseline_tok_s), learned.get("candidate", candidate)
         return questions(arm.role, offline, tuple(tok_s or ()), cand,
                          arm.position_limit, arm.spec.num_speculative_tokens if arm.spec else 1, arm.probe, compared,
-                         control)
-    wants = {"candidate": candidate} if arm.role in ("control", "probe") else {}
+                         learned.get("control", control))
+    wants = {"candidate": candidate} if arm.role == "probe" else {"control": control} if arm.role == "candidate" else {}
     if speed_judged(arm.role, arm.probe) and arm.role != "baseline":
         wants["baseline"] = baseline_tok_s
     return asked_beside(ask, wants, tracker, *where) if beside and wants else ask({})

@@ -153,18 +153,20 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
     blockers = {a.name: [] if cfg.force else [f"{f.code}: {f.message}" for f in findings.get(a.name, []) if f.gating]
                 for a in drafters}
     results: list[ArmResult] = []  # as they end: a later arm's early stop compares with the earlier ones
+    found: dict = {}  # arm -> the run it reuses, where looked up before any arm ran
 
     def one(group, host):
         with tracker.interrupts(where[1], ", ".join(a.name for a in group)):
             offline = {a.name: evaluating.result().metrics.get(a.name) if a.spec else None for a in group}
             measured = _measure(on[host], group, tracker, where, prompts, offline, results, blockers, prints[host],
-                                runs, host)
+                                runs, host, found)
         results.extend(measured)
         return measured
     groups = shared_servers(drafters, lambda a: not speed_judged(a.role, a.probe) and not blockers[a.name])
     if not runs:  # in order, in this thread: Ctrl-C reaches the arm's own teardown
-        reused = {a.name for a in drafters if _reusable(cfg, a, tracker, prints[cfg.host.name], blockers)}
-        done = [r for g in _in_order(cfg, groups, reused) for r in one(g, cfg.host.name)]
+        lookups = {a.name: _reusable(cfg, a, tracker, prints[cfg.host.name], blockers) for a in drafters}
+        found.update((name, run) for name, run in lookups.items() if run)
+        done = [r for g in _in_order(cfg, groups, set(found)) for r in one(g, cfg.host.name)]
     else:
         try:
             with tracker.interrupts(where[1], f"{', '.join(a.name for a in drafters)} (spread over {', '.join(on)})"):
@@ -204,14 +206,16 @@ def _position_limited(arm, findings):
 
 
 def _measure(cfg, group, tracker, where, prompts, offline, results, blockers, prints, runs=None,
-             host="") -> list[ArmResult]:
-    """Each arm of the group reused from MLflow where an arm with its fingerprint succeeded before; the others measured
-    on one server, the first loading it: here, or by the worker of its host (runs: the spread's flow runs)."""
+             host="", found: dict | None = None) -> list[ArmResult]:
+    """Each arm of the group reused from MLflow where an arm with its fingerprint succeeded before (found: the runs
+    looked up before any arm ran; an arm not among them is looked up again, as an arm measured earlier in this
+    diagnosis may match it); the others measured on one server, the first loading it: here, or by the worker of its
+    host (runs: the spread's flow runs)."""
     experiment, parent = where
     out, todo = [], []
     for arm in group:
-        if found := _reusable(cfg, arm, tracker, prints, blockers):
-            out.append(reuse_arm(tracker, found, arm, experiment, parent, offline.get(arm.name)))
+        if run := (found or {}).get(arm.name) or _reusable(cfg, arm, tracker, prints, blockers):
+            out.append(reuse_arm(tracker, run, arm, experiment, parent, offline.get(arm.name)))
         else:
             todo.append(arm)
     if not todo:

@@ -67,6 +67,8 @@ def fields(cfg: Profile, arm, target: str, prompts: list[str], ids: dict, judges
         "early_stop_judges_speed": judges_speed if bench["early_stop"] else None,
         # and asks context_limit's question (acceptance before vs past this position): only where set, as above
         **({"early_stop_position_limit": arm.position_limit} if arm.position_limit and bench["early_stop"] else {}),
+        # a control settles its acceptance narrow whatever it is clear of (tasks/verdict/asks.questions): only where set
+        **({"early_stop_settles_narrow": True} if arm.role == "control" and bench["early_stop"] else {}),
     }
 
 

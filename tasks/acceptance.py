@@ -9,12 +9,27 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from infra.stats import ratio_interval
+from infra.stats import ratio_interval, wilson
 
 if TYPE_CHECKING:  # tasks.bench asks this module for the early stop's split by position
     from tasks.bench import RequestRecord
 
 FIRST_BUCKET = 128
+MIN_REQUESTS = 6  # fewer requests than this give no usable spread over requests: drafts are the unit then
+
+
+def over_requests(m: dict[str, float]) -> bool:
+    return m.get("spec_requests", 0) >= MIN_REQUESTS and "acceptance_rate_req_lo" in m
+
+
+def acceptance_interval(m: dict[str, float]) -> tuple[float, float]:
+    """The acceptance interval the verdict reasons with, and the early stop settles: Wilson over the drafts, joined
+    with the interval over requests where enough of them ran (drafts within one request are correlated)."""
+    drafts = m.get("num_drafts", 0.0)
+    lo, hi = wilson(m.get("acceptance_rate", 0.0) * drafts, drafts)
+    if over_requests(m):
+        return min(lo, m["acceptance_rate_req_lo"]), max(hi, m["acceptance_rate_req_hi"])
+    return lo, hi
 
 
 def bucket(position: int) -> int:

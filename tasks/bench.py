@@ -20,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from infra.config import BenchConfig
 from infra.sse import SseClient, StreamError
-from tasks.acceptance import request_metrics, split_at
+from tasks.acceptance import acceptance_interval, request_metrics, split_at
 from tasks.earlystop import Progress, Questions, should_stop
 from tasks.progress import BenchProgress
 
@@ -188,12 +188,16 @@ def window_progress(records: list[RequestRecord], elapsed: float, q: Questions,
                     spec: tuple[float, float, float] | None) -> Progress:
     """The window so far, for the early stop: its requests in prompt order, as the verdict reads them (the result's
     records), so that request i pairs with the baseline's i however the requests finished; spec: (drafts, acceptance
-    rate, accepted tokens per draft) so far, None without spec decode."""
+    rate, accepted tokens per draft) so far, None without spec decode. Its acceptance interval is the verdict's: the
+    engine's counters joined with the spread over requests, from each request's own counts where the engine gives
+    them."""
     ok = sorted((r for r in records if r.ok), key=lambda r: r.index)
     drafts, rate, per_draft = spec or (None, 0.0, 0.0)
-    by_request = request_metrics(ok) if q.position_limit else {}  # {}: the engine gave no per-request counts
+    by_request = request_metrics(ok) if spec else {}  # {}: the engine gave no per-request counts
+    interval = acceptance_interval({"acceptance_rate": rate, "num_drafts": drafts, **by_request}) if spec else None
+    split = split_at(by_request, q.position_limit) if by_request and q.position_limit else None
     return Progress(len(ok), sum(r.completion_tokens for r in ok), elapsed, BenchResult(ok, elapsed).request_tok_s(),
-                    drafts, rate, q, split_at(by_request, q.position_limit) if by_request else None, per_draft)
+                    drafts, rate, q, split, per_draft, interval)
 
 
 @task(name="benchmark", cache_policy=NO_CACHE)

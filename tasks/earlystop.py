@@ -1,27 +1,28 @@
 """Early stop: end an arm's measured window once its numbers are as precise as the verdict needs.
 
-Sequential intervals, checked after every completed request: acceptance's Wilson interval over the drafts counted so far
-(the engine's counters, read mid-window) and per-request tok/s's t-interval. Acceptance is known well enough once its
-interval is narrow (`acceptance_half_width`) or, over at least the verdict's minimum of drafts, lies clear of every
-threshold the verdict will test this arm against (`decisions`, from tasks/verdict.py): a drafter at 0.36 need not be
-pinned to +-0.05 for the verdict to call it "below 0.6 and above 0.1". The control is also compared with the candidate:
-measured after it, it settles once clear of the candidate's interval too (`rival`), over the verdict's floor for a
-control (few drafts, since a good control accepts whole drafts); a candidate measured after a reused control, once clear
-of the control's interval (or narrow: overlapping intervals decide only so). Likewise tok/s is known well enough once
-narrow (`tok_s_rel_half_width`) or once the verdict's own speedup interval over the baseline arm's requests
-(infra.stats.speedup_interval) lies clear of 1: the speedup's side of 1 is then settled (for a drafter whose steps emit
-more than 2 tokens, clear of half of them: draft_overhead's other bound). Arms whose speed the verdict does not judge
-(the control, probes: only their acceptance is compared) need not settle tok/s at all, nor a drafter whose acceptance
-lies clear below healthy (the verdict judges a drafter's speed only where its acceptance is healthy: `speed_from`). On
-one host the baseline is measured after the drafters (flows/diagnose.py), so that its own question is theirs: it settles
-once every judged arm's speedup over it lies clear of that arm's bound (`compared`), at its first requests where no
-arm's speed is judged, and at its own precision at most, once it has served every prompt those arms did (the verdict
-pairs them prompt by prompt only over as many requests of each). A drafter served past the positions it declares (static
-check position_limit) is also asked context_limit's question: its acceptance before that position against past it, from
-each request's own counts. That is settled once both sides hold the verdict's floor of drafts and their intervals are
-apart or both narrow; until then the window goes on (to the cap, where no sequence passes the limit). A token or time
-budget stops the window regardless. Checking after every request makes the nominal 95% slightly optimistic; the targets
-are set tighter than the verdict's margins to absorb that.
+Sequential intervals, checked after every completed request: acceptance's interval as the verdict takes it (Wilson over
+the drafts counted so far, from the engine's counters read mid-window, joined with the spread over requests from their
+own counts: tasks.acceptance.acceptance_interval) and per-request tok/s's t-interval. Acceptance is known well enough
+once its interval is narrow (`acceptance_half_width`, or `narrow` where the verdict compares the arm with another) or,
+over at least the verdict's minimum of drafts, lies clear of every threshold the verdict will test this arm against
+(`decisions`, from tasks/verdict.py): a drafter at 0.36 need not be pinned to +-0.05 for the verdict to call it "below
+0.6 and above 0.1". The control settles only narrow: every candidate, in this diagnosis and in later ones that reuse it,
+is compared with its interval, and overlapping intervals decide only when narrow. A candidate measured after a reused
+control settles once clear of the control's interval (`rival`) as well as of its thresholds, or narrow. Likewise tok/s
+is known well enough once narrow (`tok_s_rel_half_width`) or once the verdict's own speedup interval over the baseline
+arm's requests (infra.stats.speedup_interval) lies clear of 1: the speedup's side of 1 is then settled (for a drafter
+whose steps emit more than 2 tokens, clear of half of them: draft_overhead's other bound). Arms whose speed the verdict
+does not judge (the control, probes: only their acceptance is compared) need not settle tok/s at all, nor a drafter
+whose acceptance lies clear below healthy (the verdict judges a drafter's speed only where its acceptance is healthy:
+`speed_from`). On one host the baseline is measured after the drafters (flows/diagnose.py), so that its own question is
+theirs: it settles once every judged arm's speedup over it lies clear of that arm's bound (`compared`), at its first
+requests where no arm's speed is judged, and at its own precision at most, once it has served every prompt those arms
+did (the verdict pairs them prompt by prompt only over as many requests of each). A drafter served past the positions it
+declares (static check position_limit) is also asked context_limit's question: its acceptance before that position
+against past it, from each request's own counts. That is settled once both sides hold the verdict's floor of drafts and
+their intervals are apart or both narrow; until then the window goes on (to the cap, where no sequence passes the
+limit). A token or time budget stops the window regardless. Checking after every request makes the nominal 95% slightly
+optimistic; the targets are set tighter than the verdict's margins to absorb that.
 """
 from __future__ import annotations
 
@@ -51,6 +52,9 @@ class Questions:
     # speedup is tested against and its name; None where the baseline is measured before them (it then settles its
     # own tok/s, not knowing what they will need)
     compared: tuple[tuple[tuple[float, ...], float, str], ...] | None = None
+    # where > 0, the width of the acceptance interval at which the arm settles (versus_control's NARROW: overlapping
+    # intervals decide only narrower than that); 0: the config's acceptance_half_width
+    narrow: float = 0.0
 
     def describe(self, speculative: bool = True) -> str:
         """What the window was measured towards, in words: the arm's run records it (tag specdiag.asked). Without
@@ -61,6 +65,8 @@ class Questions:
             said.append(f"acceptance against the compared arm's [{self.rival[0]:.3f}-{self.rival[1]:.3f}]")
         if said:
             said.append(f"over at least {self.min_drafts} drafts")
+        if self.narrow and speculative:
+            said.append(f"{'or ' if said else ''}acceptance to an interval narrower than {self.narrow:g}")
         if self.position_limit and speculative:
             said.append(f"acceptance before position {self.position_limit} against past it")
         where = f" where its acceptance reaches {self.speed_from:g}" if self.speed_from and speculative else ""
@@ -91,6 +97,12 @@ class Progress:
     # the question is not asked or the engine gives no per-request counts (the verdict then cannot ask it either)
     split: tuple[tuple[float, float], tuple[float, float]] | None = None
     accepted_per_draft: float = 0.0  # accepted draft tokens per draft (the engine's counters): a step emits 1 more
+    # the verdict's acceptance interval so far (tasks.acceptance.acceptance_interval: Wilson over the drafts joined
+    # with the spread over requests); None: Wilson over the drafts alone
+    interval: tuple[float, float] | None = None
+
+    def acceptance(self) -> tuple[float, float]:
+        return self.interval or wilson(self.accepted_rate * self.drafts, self.drafts)
 
 
 def should_stop(cfg: BenchConfig, p: Progress) -> str:
@@ -157,17 +169,16 @@ def _speed_moot(p: Progress) -> bool:
     """The arm's acceptance lies clear below where the verdict starts judging its speed (Questions.speed_from), over
     the verdict's floor of drafts: its tok/s need not settle."""
     q = p.asks
-    return bool(q.speed_from and p.drafts and p.drafts >= q.min_drafts
-                and wilson(p.accepted_rate * p.drafts, p.drafts)[1] < q.speed_from)
+    return bool(q.speed_from and p.drafts and p.drafts >= q.min_drafts and p.acceptance()[1] < q.speed_from)
 
 
 def _acceptance_settled(cfg: BenchConfig, p: Progress, tok: str) -> str:
     """Why the arm's acceptance is known well enough for the verdict, or ''."""
     q = p.asks
-    a_lo, a_hi = wilson(p.accepted_rate * p.drafts, p.drafts)
+    a_lo, a_hi = p.acceptance()
     tail = f"over {p.drafts:.0f} drafts{f' and tok/s {tok}' if tok else ''} after {p.requests_ok} requests"
-    if (a_hi - a_lo) / 2 <= cfg.acceptance_half_width:
-        return f"acceptance known to +-{(a_hi - a_lo) / 2:.3f} {tail}"
+    if (a_hi - a_lo < q.narrow) if q.narrow else (a_hi - a_lo) / 2 <= cfg.acceptance_half_width:
+        return f"acceptance known to +-{(a_hi - a_lo) / 2:.3f} ([{a_lo:.3f}-{a_hi:.3f}]) {tail}"
     clear = not any(a_lo <= t <= a_hi for t in q.decisions) and \
         (q.rival is None or a_lo > q.rival[1] or a_hi < q.rival[0])
     if (q.decisions or q.rival) and p.drafts >= q.min_drafts and clear:

@@ -80,10 +80,11 @@ BESIDE_S = 5.0  # how often an arm measured beside others looks for their result
 def asked_beside(ask: Callable[[dict], Questions], known: dict[str, object], tracker: Tracker, experiment_id: str,
                  parent_run_id: str) -> Callable[[], Questions]:
     """The early stop's questions, ask(known), for an arm measured beside its diagnosis's other arms (spread over
-    hosts). known: the numbers its questions compare with, by role (the baseline's per-request tok/s, the candidate's
-    metrics), None where not measured when it started: read from those arms' MLflow runs once they end well, at most
-    every BESIDE_S, until none is missing. A candidate then settles its tok/s against the baseline, a control its
-    acceptance against the candidate, as they would measured one after another."""
+    hosts). known: the numbers its questions compare with, by role (the baseline's per-request tok/s, the candidate's or
+    the control's metrics), None where not measured when it started: read from those arms' MLflow runs once they end
+    well, at most every BESIDE_S, until none is missing. A candidate then settles its tok/s against the baseline and its
+    acceptance against the control (one reused ends at once), a probe its acceptance against where its comparison with
+    the candidate flips, as they would measured one after another."""
     known, due = dict(known), [0.0]
     asked = [ask(known)]
 
@@ -99,7 +100,7 @@ def asked_beside(ask: Callable[[dict], Questions], known: dict[str, object], tra
                 role = run.data.tags.get("specdiag.role")
                 if role == "baseline" and role in missing:
                     known[role] = recorded_requests(tracker, run.info.run_id)[0] or None
-                elif role == "candidate" and role in missing:
+                elif role in missing:  # the candidate's or the control's acceptance
                     known[role] = {metric_name(k): v for k, v in run.data.metrics.items()}
         except (MlflowException, OSError) as exc:  # a blip: asked again at the next request
             print(f"could not read the arms measured beside this one: {exc}")

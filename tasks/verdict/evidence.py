@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from infra.stats import wilson
+from tasks.acceptance import MIN_REQUESTS, acceptance_interval, over_requests  # noqa: F401 (the rules' names)
 from tasks.earlystop import MIN_DRAFTS
 
 VOCAB_CODES = {"d2t_missing", "d2t_shape", "d2t_range", "d2t_duplicates", "d2t_scrambled", "d2t_partial",
@@ -56,21 +57,6 @@ class Verdict:
     def markdown(self) -> str:
         lines = [f"# Verdict: `{self.cause}`", "", "Evidence:", *[f"- {e}" for e in self.evidence]]
         return "\n".join(lines + ([f"\nNext: {self.next_step}"] if self.next_step else []))
-
-
-MIN_REQUESTS = 6  # fewer requests than this give no usable spread over requests: drafts are the unit then
-
-
-def over_requests(m: dict[str, float]) -> bool:
-    return m.get("spec_requests", 0) >= MIN_REQUESTS and "acceptance_rate_req_lo" in m
-
-
-def acceptance_interval(m: dict[str, float]) -> tuple[float, float]:
-    drafts = m.get("num_drafts", 0.0)
-    lo, hi = wilson(m.get("acceptance_rate", 0.0) * drafts, drafts)
-    if over_requests(m):
-        return min(lo, m["acceptance_rate_req_lo"]), max(hi, m["acceptance_rate_req_hi"])
-    return lo, hi
 
 
 def offline_interval(m: dict[str, float]) -> tuple[float, float] | None:

@@ -13,6 +13,7 @@ from infra.config import BenchConfig
 from tasks.bench import BenchResult, RequestRecord, benchmark
 from tasks import verdict
 from tasks.verdict import decision_thresholds, questions
+from tasks.verdict.evidence import NARROW
 from infra.stats import speedup_interval
 from tasks.earlystop import Progress, Questions, should_stop
 
@@ -82,10 +83,30 @@ def test_the_window_reaches_the_early_stop_in_prompt_order():
     assert p.request_tok_s == [32.0, 16.0, 8.0] and p.requests_ok == 3 and p.output_tokens == 96 and p.drafts is None
 
 
+def test_the_window_settles_the_interval_the_verdict_will_use():
+    """The early stop reads acceptance as the verdict does (tasks.acceptance.acceptance_interval): from 6 requests on,
+    Wilson over the drafts joined with the spread over requests, from each request's own counts. Requests that
+    disagree keep the window open where the drafts alone would look narrow."""
+    from tasks.bench import window_progress
+
+    # 8 requests of 60 drafts of one token each, half accepting 0.2 and half 0.8: 0.5 over 480 drafts
+    done = [RequestRecord(i, ok=True, completion_tokens=64, e2e_ms=1000.0, step_drafted=[1] * 60,
+                          step_accepted=[1] * (12 if i % 2 else 48) + [0] * (48 if i % 2 else 12)) for i in range(8)]
+    asks = Questions(narrow=NARROW, tok_s_judged=False)
+    p = window_progress(done, 5.0, asks, (480.0, 0.5, 0.5))
+    drafts_only = verdict.acceptance_interval({"acceptance_rate": 0.5, "num_drafts": 480.0})
+    assert drafts_only[1] - drafts_only[0] < NARROW  # [0.455-0.545]: narrow, over the drafts alone
+    assert p.interval[0] < drafts_only[0] - 0.1 and p.interval[1] > drafts_only[1] + 0.1, p.interval
+    assert should_stop(BenchConfig(), p) == ""  # the verdict could not call a candidate this control's match
+    agreeing = [RequestRecord(i, ok=True, completion_tokens=64, e2e_ms=1000.0, step_drafted=[1] * 60,
+                              step_accepted=[1] * 30 + [0] * 30) for i in range(8)]
+    assert "acceptance known" in should_stop(BenchConfig(), window_progress(agreeing, 5.0, asks, (480.0, 0.5, 0.5)))
+
+
 def _progress(n=10, tok_s=(10.0, 10.1, 9.9, 10.0), drafts=None, rate=0.0, decisions=(), baseline=(), judged=True,
-              **more):
+              interval=None, **more):
     return Progress(n, 100 * n, 5.0, list(tok_s) * 3, drafts, rate,
-                    Questions(decisions, baseline_tok_s=baseline, tok_s_judged=judged, **more))
+                    Questions(decisions, baseline_tok_s=baseline, tok_s_judged=judged, **more), interval=interval)
 
 
 def test_stop_rule_waits_for_both_intervals():
@@ -133,29 +154,28 @@ def test_acceptance_clear_of_the_verdicts_thresholds_is_enough():
     assert should_stop(cfg, _progress(drafts=60, rate=bound, decisions=(bound,))) == ""
 
 
-def test_control_settles_once_clear_of_the_candidate_it_is_compared_with():
-    """A control measured after the candidate answers versus_control's question (above, below or overlapping the
-    candidate) as soon as its interval is clear of the candidate's, over the rules' floor for a control."""
+def test_a_control_settles_only_narrow_enough_for_any_candidate_to_be_compared_with_it():
+    """versus_control compares every candidate with the control, in this diagnosis and in each later one that reuses
+    it, and overlapping intervals decide only when narrower than NARROW: the control settles only once that narrow,
+    even where it already lies clear of the candidate measured before it and of its own thresholds."""
     cfg = BenchConfig()
     near_zero = {"acceptance_rate": 0.0, "num_drafts": 93.0}  # a permuted candidate: [0, 0.04]
     asks = questions("control", candidate=near_zero)
-    assert asks.rival == pytest.approx(verdict.acceptance_interval(near_zero)) and asks.min_drafts == 10
-    assert asks.decisions == decision_thresholds("control") and not asks.tok_s_judged
-    assert asks.describe() == ("acceptance against 0.3, 0.6; acceptance against the compared arm's [0.000-0.040]; "
-                               "over at least 10 drafts; tok/s not judged")
+    assert asks.narrow == NARROW and asks.rival is None and not asks.decisions and not asks.tok_s_judged
+    assert asks.describe() == "acceptance to an interval narrower than 0.15; tok/s not judged"
     assert questions("baseline").describe(speculative=False) == "tok/s to its own precision"  # no drafts to ask about
-    # 20 of 21 drafts accepted: [0.77, 0.99], far from +-0.05, but above 0.3, 0.6 and the candidate whatever follows
-    got = should_stop(cfg, _progress(drafts=21, rate=20 / 21, decisions=asks.decisions, judged=False, rival=asks.rival,
-                                     min_drafts=asks.min_drafts))
-    assert "clear of the verdict's thresholds 0.3, 0.6 and of [0.000-0.040]" in got
-    # the same control against a candidate inside its interval: overlapping, so only the half-width decides
-    good = questions("control", candidate={"acceptance_rate": 0.9, "num_drafts": 60.0})
-    assert should_stop(cfg, _progress(drafts=21, rate=20 / 21, decisions=good.decisions, judged=False,
-                                      rival=good.rival, min_drafts=good.min_drafts)) == ""
-    # no candidate measured yet (spread over hosts): the comparison is open, so the floor stays MIN_DRAFTS
-    alone = questions("control")
-    assert alone.rival is None and alone.min_drafts == verdict.MIN_DRAFTS
-    assert should_stop(cfg, _progress(drafts=21, rate=20 / 21, decisions=alone.decisions, judged=False)) == ""
+    control = dict(judged=False, narrow=asks.narrow)
+    # 0.5 over 100 drafts: [0.40, 0.60], clear of the candidate and of 0.3, yet too wide to call a candidate its match
+    assert should_stop(cfg, _progress(drafts=100, rate=0.5, **control)) == ""
+    assert "acceptance known to +-0.07" in should_stop(cfg, _progress(drafts=180, rate=0.5, **control))  # [0.43-0.57]
+    # a good control narrows fast: 26 of 26 accepted is [0.87, 1]
+    assert "acceptance known" in should_stop(cfg, _progress(drafts=26, rate=1.0, **control))
+    # the interval is the verdict's: Wilson over drafts joined with the spread over requests, so a control whose
+    # requests disagree stays open though its drafts alone would call it narrow
+    spread = verdict.acceptance_interval({"acceptance_rate": 0.5, "num_drafts": 180.0, "spec_requests": 8.0,
+                                          "acceptance_rate_req_lo": 0.38, "acceptance_rate_req_hi": 0.6})
+    assert spread == (0.38, 0.6)
+    assert should_stop(cfg, _progress(drafts=180, rate=0.5, interval=spread, **control)) == ""
     assert questions("candidate", candidate=near_zero).rival is None  # a candidate is compared with the control
 
 
@@ -168,15 +188,21 @@ def test_candidate_after_a_reused_control_settles_apart_from_it_or_narrow():
     asks = questions("candidate", control=control)
     assert asks.rival == pytest.approx(verdict.acceptance_interval(control)) and asks.min_drafts == verdict.MIN_DRAFTS
     assert "acceptance against the compared arm's [0.279-0.363]" in asks.describe()
+    assert asks.narrow == NARROW and not questions("candidate").narrow  # narrow as versus_control needs it
     assert questions("candidate").rival is None and questions("control", control=control).rival is None
+    # versus_control may call it healthy from the control's lower end on, so its speed is judged from there, not 0.6
+    assert asks.speed_from == pytest.approx(verdict.acceptance_interval(control)[0])
+    assert questions("candidate").speed_from == verdict.HEALTHY
+    assert questions("candidate", control={"acceptance_rate": 0.2, "num_drafts": 470.0}).speed_from == verdict.HEALTHY
     # 0.33 over 120 drafts: [0.25, 0.42], clear of 0.1 and 0.6 (enough before), but inside the control's: go on
-    matching = dict(decisions=asks.decisions, rival=asks.rival, min_drafts=asks.min_drafts, judged=False)
+    matching = dict(decisions=asks.decisions, rival=asks.rival, min_drafts=asks.min_drafts, judged=False,
+                    narrow=asks.narrow)
     assert should_stop(cfg, _progress(drafts=120, rate=0.33, **matching)) == ""
     assert "clear of the verdict's thresholds" in should_stop(cfg, _progress(drafts=120, rate=0.33, **{
         **matching, "rival": None}))
-    assert "acceptance known to +-0.05" in should_stop(cfg, _progress(drafts=340, rate=0.33, **matching))
+    assert "acceptance known to +-0.065" in should_stop(cfg, _progress(drafts=200, rate=0.33, **matching))
     # a candidate far below the control: apart, over the candidate's floor of drafts
-    assert "and of [0.279-0.363]" in should_stop(cfg, _progress(drafts=100, rate=0.17, **matching))  # [0.11, 0.26]
+    assert "and of [0.279-0.363]" in should_stop(cfg, _progress(drafts=80, rate=0.17, **matching))  # [0.10, 0.27]
 
 
 def test_tok_s_clear_of_the_baseline_is_enough():
@@ -257,6 +283,17 @@ def test_a_baseline_measured_after_the_drafters_settles_their_speedups():
     short = replace(arm("ngram", "extra", 0.9, k=4), metrics={"acceptance_rate": 0.9, "num_drafts": 100.0,
                                                               "mean_acceptance_length": 1.9})
     assert speed_compared([short])[0][1] == 1.0
+    # a drafter as good as a middling control may be called healthy (versus_control), and its speed then judged: with
+    # such a control measured, the baseline settles its speedup too; beside a low control (low_control decides first)
+    # or a good one, only from 0.6
+    middling = [*measured, replace(arm("mid", "extra", 0.32, drafts=400.0), request_tok_s=[9.0, 9.5, 9.2])]
+    assert "mid" not in {a for _, _, a in speed_compared(middling)}
+    at_control = [replace(r, metrics={"acceptance_rate": 0.3, "num_drafts": 470.0}) if r.role == "control" else r
+                  for r in middling]
+    assert "mid" in {a for _, _, a in speed_compared(at_control)}
+    low = [replace(r, metrics={"acceptance_rate": 0.2, "num_drafts": 470.0}) if r.role == "control" else r
+           for r in middling]
+    assert "mid" not in {a for _, _, a in speed_compared(low)}
 
 
 def test_the_speedup_pairs_prompts_over_equal_counts_and_keeps_every_request_otherwise():
@@ -343,7 +380,7 @@ def test_a_probe_settles_against_the_measured_candidate_where_the_probes_rule_wo
 def test_each_probe_arm_is_asked_its_own_question():
     """As the arm flow asks them (flows/arm._asks): a probe riding on the candidate's server gets the flips of the
     candidate's window; a k_sweep arm, whose speedup picks the recommended k, settles its tok/s against the
-    baseline's; the control still compares with the candidate's interval."""
+    baseline's; the control settles narrow, whatever the candidate's interval."""
     from flows.arm import _asks
     from infra.arms import plan_arms
     from infra.config import load_profile
@@ -354,7 +391,7 @@ def test_each_probe_arm_is_asked_its_own_question():
     assert {0.45, 0.2} <= set(raw.decisions) and not raw.tok_s_judged
     sweep = _asks(plan["smol-permuted@k=2"], None, base, cand, False, None, ("e", "p"))
     assert sweep.tok_s_judged and sweep.baseline_tok_s and 0.45 not in sweep.decisions
-    assert _asks(plan["smol-self"], None, base, cand, False, None, ("e", "p")).rival is not None
+    assert _asks(plan["smol-self"], None, base, cand, False, None, ("e", "p")).narrow == NARROW
 
 
 def test_the_thinking_switch_reaches_chat_requests_and_only_them():

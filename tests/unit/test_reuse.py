@@ -66,6 +66,15 @@ def test_each_input_that_changes_a_measurement_changes_the_fingerprint(python, t
     arm = plan_arms(cfg)[0]
     assert digest(fields(cfg, arm, str(target), prompts, other_engine, True)) != \
         digest(fields(cfg, arm, str(target), prompts, ids, True))
+    # the same drafter as a control settles its acceptance narrow: another arm whose speed is not judged either (a
+    # probe) does not stand for it, nor it for a candidate (tok/s settled too); under --fixed all measure alike
+    ctrl = replace(plan_arms(cfg)[1], role="control")
+    for fixed in (False, True):
+        c = cfg.model_copy(update={"bench": cfg.bench.model_copy(update={"early_stop": not fixed})})
+        as_control = digest(fields(c, ctrl, str(target), prompts, ids, False))
+        assert (as_control == digest(fields(c, replace(ctrl, role="probe"), str(target), prompts, ids, False))) == fixed
+        assert (as_control == digest(fields(c, replace(ctrl, role="candidate"), str(target), prompts, ids, True))) \
+            == fixed
     os.utime(target / "config.json")  # the target's files too
     assert _digests(python, cfg, target, prompts, drafter)[0]["baseline"] != same["baseline"]
 
@@ -97,25 +106,28 @@ def test_each_requests_figures_come_back_from_the_record_as_the_flow_held_them(t
 
 
 def test_an_arm_measured_beside_others_learns_their_numbers_as_their_runs_end(tmp_path, monkeypatch):
-    """Spread over hosts, a candidate starts before the baseline ends, a control before the candidate does: their
-    early stop reads the baseline's per-request tok/s and the candidate's acceptance from MLflow once those runs end
-    well (FINISHED), as if measured one after another; an unfinished run teaches nothing."""
+    """Spread over hosts, a candidate starts before the baseline and the control end, a probe before the candidate
+    does: their early stop reads the baseline's per-request tok/s and the candidate's and the control's acceptance
+    from MLflow once those runs end well (FINISHED), as if measured one after another; an unfinished run teaches
+    nothing."""
     from infra.stats import mean_interval
     from infra.tracking import Tracker
     from tasks import reuse
     from tasks.bench import BenchResult, RequestRecord
-    from tasks.verdict import acceptance_interval, questions
+    from tasks.verdict import acceptance_interval, decision_thresholds, probe_flips, questions
+    from tasks.verdict.evidence import NARROW
 
     monkeypatch.setattr(reuse, "BESIDE_S", 0.0)
     tracker = Tracker(f"sqlite:///{tmp_path}/m.db")
     exp = tracker.experiment("t")
     parent = tracker.start(exp, "diagnosis", {"specdiag.kind": "diagnosis"})
-    control = reuse.asked_beside(lambda known: questions("control", candidate=known["candidate"]),
-                                 {"candidate": None}, tracker, exp, parent)
+    probe = reuse.asked_beside(lambda known: questions("probe", candidate=known["candidate"], probe="raw_prompts"),
+                               {"candidate": None}, tracker, exp, parent)
     cand = reuse.asked_beside(lambda known: questions("candidate", baseline_tok_s=mean_interval(known["baseline"])[1:]
-                                                      if known["baseline"] else None), {"baseline": None}, tracker, exp,
-                              parent)
-    assert control().rival is None and cand().baseline_tok_s is None
+                                                      if known["baseline"] else None, control=known["control"]),
+                              {"baseline": None, "control": None}, tracker, exp, parent)
+    assert probe().decisions == decision_thresholds("probe") and cand().baseline_tok_s is None
+    assert cand().rival is None
 
     def arm(role, metrics, records=(), ok=True):
         run = tracker.start(exp, role, {"specdiag.kind": "arm", "specdiag.role": role, "specdiag.arm": role},
@@ -125,15 +137,18 @@ def test_an_arm_measured_beside_others_learns_their_numbers_as_their_runs_end(tm
             tracker.table(run, BenchResult(list(records), 3.0).frame(), "requests.csv")
         if ok is not None:
             tracker.finish(run, ok)
-    near_zero = {"acceptance_rate": 0.0, "num_drafts": 93.0}
-    arm("candidate", near_zero, ok=None)  # still running
-    assert control().rival is None
+    measured = {"acceptance_rate": 0.3, "num_drafts": 400.0}
+    arm("candidate", measured, ok=None)  # still running
+    assert probe().decisions == decision_thresholds("probe")
     base = [RequestRecord(i, True, completion_tokens=64, e2e_ms=3000.0 + 100 * i) for i in range(4)]
     arm("baseline", {"output_tok_s": 20.0}, base)
     assert cand().baseline_tok_s == pytest.approx(mean_interval(BenchResult(base, 3.0).request_tok_s())[1:])
-    arm("candidate", near_zero)
-    asks = control()
-    assert asks.rival == pytest.approx(acceptance_interval(near_zero)) and asks.min_drafts == 10
+    arm("candidate", measured)
+    flips = probe_flips("raw_prompts", measured)
+    assert flips and probe().decisions == decision_thresholds("probe") + flips
+    control = {"acceptance_rate": 0.32, "num_drafts": 470.0}  # a control reused beside: its run ends at once
+    arm("control", control)
+    assert cand().rival == pytest.approx(acceptance_interval(control)) and cand().narrow == NARROW
 
 
 def test_reused_arms_go_first_and_on_this_machine_a_measured_baseline_last():
