@@ -164,8 +164,7 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
         return measured
     groups = shared_servers(drafters, lambda a: not speed_judged(a.role, a.probe) and not blockers[a.name])
     if not runs:  # in order, in this thread: Ctrl-C reaches the arm's own teardown
-        lookups = {a.name: _reusable(cfg, a, tracker, prints[cfg.host.name], blockers) for a in drafters}
-        found.update((name, run) for name, run in lookups.items() if run)
+        found = {a.name: run for a in drafters if (run := _reusable(cfg, a, tracker, prints[cfg.host.name], blockers))}
         done = [r for g in _in_order(cfg, groups, set(found)) for r in one(g, cfg.host.name)]
     else:
         try:

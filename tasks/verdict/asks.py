@@ -41,9 +41,8 @@ def speed_floor(control: dict[str, float] | None) -> float:
     """The acceptance from which the verdict may call a drafter healthy, and draft_overhead then judges its speed:
     HEALTHY, or, against a control measured already and not low (low_control decides before), where its interval
     starts (versus_control: at or above a good control with narrow intervals)."""
-    if not control or not control.get("num_drafts") or acceptance_interval(control)[1] < CONTROL_GOOD:
-        return HEALTHY
-    return min(HEALTHY, acceptance_interval(control)[0])
+    lo, hi = acceptance_interval(control) if control and control.get("num_drafts") else (HEALTHY, 0.0)
+    return HEALTHY if hi < CONTROL_GOOD else min(HEALTHY, lo)
 
 
 def speed_compared(results: list[ArmResult]) -> Compared:
@@ -51,8 +50,8 @@ def speed_compared(results: list[ArmResult]) -> Compared:
     on its own server, its acceptance interval reaching speed_floor or a k_sweep probe), with its per-request tok/s
     and the bound draft_overhead tests its speedup against (the tokens a step emits: the engine's mean acceptance
     length, which counts drafts shorter than k as they were)."""
-    ctrl = next((r.metrics for r in results if r.role == "control" and r.ok), None)
+    floor = speed_floor(next((r.metrics for r in results if r.role == "control" and r.ok), None))
     return tuple((tuple(r.request_tok_s), pays_bound(r.metrics.get("mean_acceptance_length", 1.0)), r.arm)
                  for r in results if r.ok and r.role != "baseline" and not r.served_with and r.request_tok_s
                  and speed_judged(r.role, r.probe)
-                 and (r.probe == "k_sweep" or acceptance_interval(r.metrics)[1] >= speed_floor(ctrl)))
+                 and (r.probe == "k_sweep" or acceptance_interval(r.metrics)[1] >= floor))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from infra.stats import wilson
-from tasks.acceptance import MIN_REQUESTS, acceptance_interval, over_requests  # noqa: F401 (the rules' names)
+from tasks.acceptance import acceptance_interval, over_requests
 from tasks.earlystop import MIN_DRAFTS
 
 VOCAB_CODES = {"d2t_missing", "d2t_shape", "d2t_range", "d2t_duplicates", "d2t_scrambled", "d2t_partial",
@@ -28,10 +28,11 @@ INTEGRATION_RATIO = 0.5
 
 
 def decision_thresholds(role: str, offline: dict[str, float] | None = None) -> tuple[float, ...]:
-    """The acceptance values the rules below compare an arm of this role with, for the early stop: the candidate
-    and probes against NEAR_ZERO, HEALTHY and (offline known) the integration bound; the control against
-    CONTROL_GOOD and HEALTHY. Comparisons between arms (control vs candidate, probe vs candidate) are not known
-    while one arm runs; MIN_DRAFTS and the fixed half-width cover them."""
+    """The acceptance values the rules below compare an arm of this role with: the candidate and probes against
+    NEAR_ZERO, HEALTHY and (offline known) the integration bound, for their early stop; the control against
+    CONTROL_GOOD and HEALTHY (its early stop settles it narrow instead: tasks/verdict/asks.questions). Comparisons
+    between arms (probe vs candidate) are not known while one arm runs; MIN_DRAFTS and the fixed half-width cover
+    them."""
     if role == "control":
         return CONTROL_GOOD, HEALTHY
     out = (NEAR_ZERO, HEALTHY)
