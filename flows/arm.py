@@ -17,7 +17,8 @@ from prefect import flow
 from pydantic import TypeAdapter
 
 from infra import vllm
-from infra.arms import Arm, local_dir, plan_server
+from infra.arms import Arm, local_dir, plan_server, same_server
+from infra.swap import install as swap_module
 from infra.config import Profile
 from infra.executor import executor_for
 from infra.fingerprint import digest
@@ -31,6 +32,7 @@ from tasks.health import wait_healthy
 from tasks.launch import launch_server
 from tasks.record import ArmEvidence, ArmResult, arm_run, known_before, record_arm
 from tasks.reuse import FINGERPRINT, arm_result, asked_beside
+from tasks.swap import swap_drafter
 from tasks.scrape import counter_metrics, log_crosscheck, scrape, spec_totals, spec_window
 from tasks.teardown import stop_unreturned, teardown
 from tasks.verdict import questions, speed_judged
@@ -68,35 +70,46 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
     first = Window.start(tracker, arm, where, offline, fingerprint)
     windows, server, ready = [first], None, False
     executor, held = executor_for(cfg.host), ExitStack()
+    swaps = any(not same_server(arm, r.arm) for r in riders or [])  # the server takes other drafters of its shapes
     try:
         with first.attempt():
             if blockers:
                 raise StaticCheckFailed("; ".join(blockers) + " (the server was not started; --force launches anyway)")
             # one server per host at a time, across flow runs: queued here, held until teardown
             first.ev.metrics["host_lock_wait_s"] = held.enter_context(host_lock(cfg.host, cfg.server_port))
-            plan = plan_server(cfg, arm, workdir)
+            plan = plan_server(cfg, arm, workdir, swappable=swaps)
             first.params, first.ev.log_path = plan.params, plan.log_path
             first.ev.metrics.update(cleanup(executor, cfg.host))
+            if swaps:
+                swap_module(executor, workdir)
             server = launch_server(plan, executor)
             first.ev.server_cmd = server.process.command
             first.ev.metrics["server_ready_s"] = wait_healthy(server, cfg.health_timeout_s)
             ready = True
             first.measure(cfg, server, prompts, _asks(arm, offline, baseline_tok_s, candidate, beside, tracker, where,
                                                       compared, control))
-        # riders on the candidate's own server compare with its window, just measured (tasks/verdict/asks.py)
-        measured = first.ev.metrics | request_metrics(first.ev.bench.records) \
-            if arm.role == "candidate" and first.result.ok else None  # as the verdict reads it: spread over requests
-        for rider in riders or []:  # the same server, one window each
+        learned, loaded = {"candidate": candidate, "control": control}, arm
+        for rider in riders or []:  # the same server, one window each; a drafter of the same shapes swapped in
+            learned.update(_learned(windows[-1]))  # riders compare with the windows just measured (asks.py)
+            swapping = not same_server(loaded, rider.arm)
+            if swapping and not (ready and executor.is_alive(server.process.pid)):
+                break  # no server to swap into: the rest load afresh (flows/diagnose._measure)
             windows.append(w := Window.start(tracker, rider.arm, where, rider.offline, rider.fingerprint))
-            w.result.served_with = arm.name
+            w.result.served_with, w.swapped = arm.name, swapping
             with w.attempt():
-                w.params = {**plan_server(cfg, rider.arm, workdir).params, "server_shared_with": arm.name}
+                w.params = {**plan_server(cfg, rider.arm, workdir, swappable=swaps).params,
+                            "server_shared_with": arm.name}
                 w.ev.server_cmd, w.ev.log_path = first.ev.server_cmd, first.ev.log_path
                 if not ready:
                     raise ServerNotReady(f"it rides on {arm.name}'s server, which did not come up: "
                                          f"{first.result.error}")
-                w.measure(cfg, server, prompts, _asks(rider.arm, rider.offline, baseline_tok_s, candidate or measured,
-                                                       False, tracker, where))
+                if swapping:
+                    loaded, w.result.swapped_into = rider.arm, first.result.run_id
+                    w.ev.metrics["swap_s"] = swap_drafter(server, rider.arm, cfg.swap.timeout_s)
+                w.measure(cfg, server, prompts, _asks(rider.arm, rider.offline, baseline_tok_s, learned["candidate"],
+                                                       False, tracker, where, control=learned["control"]))
+            if swapping and not w.result.ok and "swap_s" not in w.ev.metrics:
+                break  # a failed swap: the server is stopped, the next arm loads afresh
     finally:
         if server is not None:
             try:
@@ -119,6 +132,7 @@ class Window:
     ev: ArmEvidence
     params: dict = field(default_factory=dict)
     began: float = field(default_factory=time.monotonic)
+    swapped: bool = False  # its drafter was swapped into the running server before it
 
     @classmethod
     def start(cls, tracker: Tracker, arm: Arm, where: tuple[str, str], offline, fingerprint) -> "Window":
@@ -186,8 +200,8 @@ def _finish(tracker: Tracker, executor, windows: list[Window], parent_run_id: st
             w.result.request_tok_s = ev.bench.request_tok_s()
             w.result.request_acceptance = request_acceptance(ev.bench.records)
         m["arm_wall_s"] = end - w.began
-        m["overhead_s"] = m["arm_wall_s"] - m.get("server_ready_s", 0.0) - m.get("bench_s", 0.0) \
-            - m.get("host_lock_wait_s", 0.0)
+        m["overhead_s"] = m["arm_wall_s"] - m.get("server_ready_s", 0.0) - m.get("swap_s", 0.0) \
+            - m.get("bench_s", 0.0) - m.get("host_lock_wait_s", 0.0)
         w.result.metrics = m
         try:
             record_arm(tracker, w.result, w.params, ev)
@@ -195,6 +209,14 @@ def _finish(tracker: Tracker, executor, windows: list[Window], parent_run_id: st
             w.result.ok, w.result.error = False, f"{w.result.error}\nrecording: {exc}".strip()
             print(f"[{w.arm.name}] recording failed: {exc}")
     executor.close()
+
+
+def _learned(w: Window) -> dict:
+    """What a window just measured on this server tells the arms after it: a candidate's or a control's figures, as
+    the verdict reads them (spread over requests)."""
+    if w.arm.role not in ("candidate", "control") or not w.result.ok:
+        return {}
+    return {w.arm.role: w.ev.metrics | request_metrics(w.ev.bench.records)}
 
 
 def _asks(arm: Arm, offline, baseline_tok_s, candidate, beside: bool, tracker: Tracker, where: tuple[str, str],

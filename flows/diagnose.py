@@ -24,7 +24,7 @@ from prefect.exceptions import TerminationSignal  # noqa: E402
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings  # noqa: E402
 
 from flows.arm import Rider, remote_arm, run_arm
-from infra import spread
+from infra import spread, swap
 from infra.arms import plan_arms, resolved_drafters, resolved_target, run_dir, shared_servers, validate_inputs
 from infra.config import PROJECT_ROOT, DrafterRef, NoControl, ProfileRef, SpecdiagError, load_profile
 from infra.fingerprint import digest
@@ -115,7 +115,8 @@ def _spent(r: ArmResult) -> str:
     """Where an arm's time went, for the closing line."""
     if r.reused_from:
         return f"{r.arm} reused"
-    load = f"on {r.served_with}'s server" if r.served_with else f"{r.metrics.get('server_ready_s', 0):.0f} s ready"
+    load = f"swapped into {r.served_with}'s server in {r.metrics.get('swap_s', 0):.1f} s" if r.swapped_into else \
+        f"on {r.served_with}'s server" if r.served_with else f"fresh load, {r.metrics.get('server_ready_s', 0):.0f} s ready"
     return f"{r.arm} {load} + {r.metrics.get('bench_s', 0):.0f} s bench + {r.metrics.get('overhead_s', 0):.0f} s other"
 
 
@@ -162,7 +163,7 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
                                 runs, host, found)
         results.extend(measured)
         return measured
-    groups = shared_servers(drafters, lambda a: not speed_judged(a.role, a.probe) and not blockers[a.name])
+    groups, _ = grouped(cfg, drafters, blockers, target)
     if not runs:  # in order, in this thread: Ctrl-C reaches the arm's own teardown
         found = {a.name: run for a in drafters if (run := _reusable(cfg, a, tracker, prints[cfg.host.name], blockers))}
         done = [r for g in _in_order(cfg, groups, set(found)) for r in one(g, cfg.host.name)]
@@ -175,6 +176,19 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
             raise
     order = [a.name for a in drafters]
     return sorted(done, key=lambda r: order.index(r.arm))
+
+
+def grouped(cfg, drafters, blockers: dict, target: str) -> tuple[list, list[str]]:
+    """The arms by server (infra/arms.shared_servers), decided before any server starts: drafters of the same shapes
+    share one load by swapping (infra/swap.py); and the plan's lines, one per arm, saying how each is served and why."""
+    found = swap.shapes(cfg, [a for a in drafters if not blockers.get(a.name)], target) if cfg.swap.enabled else {}
+    drafters = [replace(a, swap_aux=found[a.name].aux_ids) if a.name in found else a for a in drafters]
+    groups = shared_servers(drafters, lambda a: not speed_judged(a.role, a.probe) and not blockers[a.name],
+                            {name: s.key for name, s in found.items() if s.key})
+    lines = swap.plan_lines(groups, found, cfg.swap.enabled, {n for n, b in blockers.items() if b})
+    print("plan: " + str(sum(1 for g in groups if g[0].name not in blockers or not blockers[g[0].name]))
+          + " server load(s)\n  " + "\n  ".join(lines))
+    return groups, lines
 
 
 def _in_order(cfg, groups: list, reused: set[str]) -> list:
@@ -217,8 +231,16 @@ def _measure(cfg, group, tracker, where, prompts, offline, results, blockers, pr
             out.append(reuse_arm(tracker, run, arm, experiment, parent, offline.get(arm.name)))
         else:
             todo.append(arm)
-    if not todo:
-        return out
+    while todo:  # after a failed swap, the arms not measured load afresh
+        done = _serve(cfg, todo, tracker, where, prompts, offline, results + out, blockers, prints, runs, host)
+        out += done
+        todo = [a for a in todo if a.name not in {r.arm for r in done}] if not runs else []
+    return out
+
+
+def _serve(cfg, todo, tracker, where, prompts, offline, results, blockers, prints, runs, host) -> list[ArmResult]:
+    """One server: the first arm loads it, the others ride on it or are swapped into it (flows/arm.run_arm)."""
+    experiment, parent = where
     arm, riders = todo[0], [Rider(a, offline.get(a.name), prints.get(a.name)) for a in todo[1:]]
     base = next((r.request_tok_s for r in results if r.role == "baseline" and r.ok), None)
     cand = next((r.metrics for r in results if r.role == "candidate" and r.ok), None)
@@ -230,11 +252,11 @@ def _measure(cfg, group, tracker, where, prompts, offline, results, blockers, pr
     if arm.role == "baseline" and any(r.role != "baseline" for r in results):  # after drafters: their speedups
         params["compared"] = speed_compared(results)
     if runs:  # measured beside the other arms: it learns their numbers as they end
-        return out + remote_arm(runs, host, {**params, "beside": True})
+        return remote_arm(runs, host, {**params, "beside": True})
     # The diagnosis's own flow run beats for this process; an arm's own heartbeat thread would hold its end for up to
     # a second (Prefect joins it after its current 1 s sleep), every arm.
     with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-        return out + run_arm(**params)
+        return run_arm(**params)
 
 
 def _confirmed(cfg, decision, drafters, results, tracker, where, prompts, runs=None):
@@ -264,7 +286,12 @@ def main(argv: list[str] | None = None, early=None) -> int:
         if args.rerun:  # the recorded profile and prompt texts, every arm measured again
             args.profile, again = rerun_inputs(Tracker(), args.rerun, PROJECT_ROOT / "runs" / f"rerun-{args.rerun}")
             args.sets = again + args.sets
-        cfg, _, _ = prepare(args.profile, over, args.sets)  # fail fast, before a flow runs
+        cfg, plan, _ = prepare(args.profile, over, args.sets)  # fail fast, before a flow runs
+        if args.dry_run:
+            dry_run(cfg, plan)
+            if early:
+                early.stop()
+            return 0
     except SpecdiagError as exc:
         print(f"specdiag: error: {exc}", file=sys.stderr)
         if early:
@@ -288,6 +315,16 @@ def main(argv: list[str] | None = None, early=None) -> int:
               "what it measured is in its MLflow run (KILLED)", file=sys.stderr)
         return 130
     return 0 if all(r.ok for r in results) else 1
+
+
+def dry_run(cfg, plan) -> None:
+    """--dry-run: the plan as the flow would make it (static checks, shapes, grouping), printed; no server starts."""
+    target, drafters = resolved_target(cfg), resolved_drafters(plan)
+    findings = inspect_arms.fn(target, drafters, cfg.host, cfg.target.max_model_len())
+    blockers = {a.name: [f"{f.code}: {f.message}" for f in findings.get(a.name, []) if f.gating and not cfg.force]
+                for a in drafters}
+    grouped(cfg, drafters, blockers, target)
+    print("(dry run: nothing was started; `python flows/diagnose.py` without --dry-run runs this plan)")
 
 
 def _terminated(signum, _frame):

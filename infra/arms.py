@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Callable, Literal
 
-from infra import embedded, registry, vllm
+from infra import embedded, registry, swap, vllm
 from infra.eagle3 import with_mapping
 from infra.executor import LocalExecutor, executor_for
 from infra.config import PROJECT_ROOT, BenchConfig, DrafterConfig, Profile, SpecdiagError
@@ -29,6 +29,7 @@ class Arm:
     target_args: tuple[str, ...] | None = None  # server arguments for this arm only (graphs probe)
     mapping_from: str | None = None  # take d2t/t2d from this checkpoint (control_mapping probe)
     position_limit: int = 0  # the positions its drafter declares, where served past them (static check position_limit)
+    swap_aux: tuple[int, ...] | None = None  # the target layers to feed its head once swapped in (infra/swap.Shape)
 
     def server_args(self, profile: Profile) -> list[str]:
         """The target's server arguments as this arm serves it."""
@@ -166,18 +167,31 @@ def same_server(a: Arm, b: Arm) -> bool:
     return (a.spec, a.target_args, a.mapping_from) == (b.spec, b.target_args, b.mapping_from)
 
 
-def shared_servers(arms: list[Arm], may_ride: Callable[[Arm], bool]) -> list[list[Arm]]:
-    """The arms grouped by server, each group in the order its first arm comes: one load serves the group, its first
-    arm measured first, then each arm that may ride (may_ride: one whose speed the verdict does not judge, since the
-    server has served the same prompts before it) on the first earlier group whose server is the same."""
-    groups: list[list[Arm]] = []
+def shared_servers(arms: list[Arm], may_ride: Callable[[Arm], bool], keys: dict[str, str] | None = None
+                   ) -> list[list[Arm]]:
+    """The arms grouped by server, each group in the order its first arm comes; one load serves each group.
+    An arm rides on the first earlier group whose server is its own (may_ride: one whose speed the verdict does not
+    judge, since the server has served the same prompts before it), or is swapped into the first earlier group whose
+    drafters have its shapes (keys: arm -> infra/swap.Shape.key, for the arms that may be swapped; the prefix cache is
+    reset, so any arm may be). In a group the control goes first, then the candidate and the arms on its very server:
+    the candidate's window then settles its comparison with the control's (tasks/verdict/asks.questions)."""
+    keys, groups = keys or {}, []
     for arm in arms:
         host = next((g for g in groups if may_ride(arm) and same_server(g[0], arm)), None) if arm.spec else None
+        if host is None and keys.get(arm.name):
+            host = next((g for g in groups if keys.get(g[0].name) == keys[arm.name]), None)
         if host:
             host.append(arm)
         else:
             groups.append([arm])
-    return groups
+    return [_control_first(g) for g in groups]
+
+
+def _control_first(group: list[Arm]) -> list[Arm]:
+    cand = next((a for a in group if a.role == "candidate"), None)
+    rank = {a.name: 0 if a.role == "control" else 1 if a is cand else 2 if cand and same_server(a, cand) else 3
+            for a in group}
+    return sorted(group, key=lambda a: rank[a.name])  # stable: the plan's order within a rank
 
 
 def validate_inputs(profile: Profile, arms: list[Arm]) -> None:
@@ -270,7 +284,8 @@ def local_dir(diagnosis_id: str) -> Path:
     return path
 
 
-def plan_server(profile: Profile, arm: Arm, workdir: str) -> ServerPlan:
+def plan_server(profile: Profile, arm: Arm, workdir: str, swappable: bool = False) -> ServerPlan:
+    """swappable: the server takes other drafters of its shapes while running (infra/swap.launch_args)."""
     python = profile.engine_python or embedded.engine_python()
     model = embedded.resolve(profile.target.model)
     drafter_path = embedded.resolve(arm.spec.model) if arm.spec and arm.spec.model else None
@@ -283,6 +298,9 @@ def plan_server(profile: Profile, arm: Arm, workdir: str) -> ServerPlan:
         pinned = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, profile.host.cpus))}
         argv = ["taskset", "-c", pinned["VLLM_CPU_OMP_THREADS_BIND"], *argv]
     env = vllm.server_env({**profile.engine_env, **pinned, **(arm.spec.engine_env if arm.spec else {})})
+    if swappable:
+        extra_args, extra_env = swap.launch_args(workdir)
+        argv, env = argv + extra_args, {**env, **extra_env}
     safe = re.sub(r"[^\w.-]", "_", arm.name)
     params = {
         "arm_role": arm.role,

@@ -49,6 +49,10 @@ def parser() -> argparse.ArgumentParser:
                    "(default 168)")
     p.add_argument("--rerun", metavar="RUN_ID", help="repeat a recorded diagnosis exactly: its recorded profile and "
                    "prompt texts, every arm measured again")
+    p.add_argument("--no-swap", action="store_true", help="give every drafter arm its own server load; by default "
+                   "drafters of the same shapes are swapped into one running server (swap.enabled)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (the arms, the server loads and why each "
+                   "arm is served as it is) and exit: no server, no MLflow run")
     p.add_argument("--force", action="store_true",
                    help="launch arms whose static checks found a fault that makes the load pointless")
     p.add_argument("--hidden-states", metavar="DIR", help="offline evaluation from these dumps on the host "
@@ -72,7 +76,7 @@ def overrides(args: argparse.Namespace) -> dict:
            "bench.early_stop": False if args.fixed else None, "bench.max_output_tokens": args.budget_tokens,
            "bench.max_bench_s": args.budget_s,
            "force": args.force or None, "confirm": args.confirm or None,
-           "reuse.enabled": False if args.fresh else None, "reuse.max_age_h": args.max_age,
+           "reuse.enabled": False if args.fresh else None, "swap.enabled": False if args.no_swap else None, "reuse.max_age_h": args.max_age,
            "offline.hidden_states": args.hidden_states}
     if args.no_control:
         out["control"] = ""

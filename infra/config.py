@@ -155,6 +155,14 @@ class ReuseConfig(_Strict):
     max_age_h: float = Field(default=168.0, gt=0)  # --max-age: older measurements are not reused
 
 
+class SwapConfig(_Strict):
+    """Drafter arms of the same shapes share one loaded server: each next drafter is swapped into the running engine
+    (infra/swap.py) instead of a server load (25 minutes on a 1T target)."""
+
+    enabled: bool = True  # --no-swap: every drafter arm gets its own load
+    timeout_s: float = Field(default=300.0, gt=0)  # one swap, end to end (a 1T head's weights are read from disk)
+
+
 class OfflineConfig(_Strict):
     """Where the offline evaluation's target states come from (the methods it covers: Profile.offline_eval)."""
 
@@ -199,6 +207,7 @@ class Profile(_Strict):
     force: bool = False
     confirm: bool = False  # run the verdict's fix as one more arm (tasks/confirm.py)
     reuse: ReuseConfig = Field(default_factory=ReuseConfig)
+    swap: SwapConfig = Field(default_factory=SwapConfig)
     spread: SpreadConfig = Field(default_factory=SpreadConfig)
 
     @model_validator(mode="after")

@@ -256,6 +256,12 @@ def _eagle3_variant(name: str, fault: str) -> Path:
         elif fault == "no_d2t":  # dropped on export: draft id i becomes target id i
             tensors.pop("d2t")
             tensors.pop("t2d", None)
+        elif fault == "noised":  # the same shapes, other weights: an under-trained copy (swap fidelity, candidates)
+            gen = torch.Generator().manual_seed(SEED)
+            for key in [k for k, t in tensors.items() if t.ndim == 2 and t.is_floating_point()]:
+                t = tensors[key].float()
+                tensors[key] = (t + torch.randn(t.shape, generator=gen) * NOISE_SCALE * t.std()).to(
+                    tensors[key].dtype).contiguous()
         elif fault == "wrong_aux":  # the config names layers the head was not trained on
             config["eagle_aux_hidden_state_layer_ids"] = [1, 8, 20]
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -275,6 +281,7 @@ BUILDERS = {
     "smol-eagle3-scrambled": lambda: _eagle3_variant("smol-eagle3-scrambled", "scrambled_d2t"),
     "smol-eagle3-nod2t": lambda: _eagle3_variant("smol-eagle3-nod2t", "no_d2t"),
     "smol-eagle3-wrongaux": lambda: _eagle3_variant("smol-eagle3-wrongaux", "wrong_aux"),
+    "smol-eagle3-noisy": lambda: _eagle3_variant("smol-eagle3-noisy", "noised"),
 }
 
 

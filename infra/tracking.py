@@ -85,7 +85,7 @@ def run_path(experiment_id: str, run_id: str) -> str:
 # Housekeeping: where the time went, what cleanup did, the log's cross-check of the counters. Recorded under `sys/`,
 # so MLflow's chart view groups them apart and the figures the verdict reads lead it under their own names.
 HOUSEKEEPING = frozenset({
-    "host_lock_wait_s", "server_ready_s", "bench_s", "bench_duration_s", "arm_wall_s", "overhead_s",
+    "host_lock_wait_s", "server_ready_s", "swap_s", "bench_s", "bench_duration_s", "arm_wall_s", "overhead_s",
     "diagnosis_wall_s", "startup_s", "setup_s", "offline_s", "arms_s", "finish_s", "stale_servers_stopped", "shm_files_removed", "early_stopped", "requests_ok",
     "requests_failed", "output_tokens", "log_spec_lines", "log_accepted_tokens", "log_draft_tokens",
     "log_acceptance_rate"})

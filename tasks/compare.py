@@ -32,8 +32,11 @@ def stream_metrics(r: ArmResult, base: ArmResult | None) -> dict[str, float]:
 
 
 def measured(r: ArmResult) -> str:
-    return f"reused {r.reused_from}" if r.reused_from else f"now, on {r.served_with}'s server" if r.served_with \
-        else "now"
+    if r.reused_from:
+        return f"reused {r.reused_from}"
+    if r.swapped_into:
+        return f"now, swapped into {r.served_with}'s server ({r.metrics.get('swap_s', 0):.1f} s)"
+    return f"now, on {r.served_with}'s server" if r.served_with else "now, fresh load"
 
 
 def comparison_table(results: list[ArmResult]) -> pd.DataFrame:

@@ -28,6 +28,7 @@ class ArmResult:
     interrupted: bool = False  # stopped by Ctrl-C, SIGTERM or a Prefect cancellation: the run ends KILLED
     reused_from: str = ""  # "<run id> (<when>)" when an earlier measurement with the same fingerprint stands in
     served_with: str = ""  # the arm whose server it was measured on, after that arm (flows/arm.py riders)
+    swapped_into: str = ""  # the run of the arm that loaded that server, where its drafter was swapped in
 
 
 @dataclass
@@ -51,6 +52,17 @@ def arm_run(arm) -> tuple[str, dict[str, str]]:
     return (arm.name if arm.role == "baseline" else f"{arm.role}: {arm.name}"), tags
 
 
+SERVED = "specdiag.served"  # how an arm was served: fresh load, swapped into <run>, on <arm>'s server, reused <run>
+
+
+def served(result: ArmResult) -> str:
+    if result.reused_from:
+        return f"reused {result.reused_from}"
+    if result.swapped_into:
+        return f"swapped into {result.swapped_into}"
+    return f"on {result.served_with}'s server" if result.served_with else "fresh load"
+
+
 def known_before(arm, offline: dict[str, float] | None) -> dict[str, float]:
     """What an arm's run carries before it is measured: its offline numbers and its declared expected acceptance."""
     out = dict(offline or {})
@@ -69,6 +81,7 @@ def record_arm(tracker: Tracker, result: ArmResult, params: dict[str, str], ev: 
             tracker.tag(run, "specdiag.error", result.error.splitlines()[0][:500])
         tracker.params(run, {**params, "server_cmd": ev.server_cmd or "not launched",
                              "engine_version": ev.engine_version or "unknown"})
+        tracker.tag(run, SERVED, served(result))
         tracker.metrics(run, result.metrics)
         tracker.file(run, ev.log_path)
         if ev.bench:

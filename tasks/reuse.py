@@ -25,7 +25,7 @@ from infra.tracking import Tracker, metric_name
 from tasks.acceptance import request_acceptance
 from tasks.bench import BenchResult
 from tasks.earlystop import Questions
-from tasks.record import ArmResult, arm_run, known_before
+from tasks.record import SERVED, ArmResult, arm_run, known_before
 from tasks.verdict import speed_judged
 
 FINGERPRINT, REUSED_FROM = "specdiag.fingerprint", "specdiag.reused_from"
@@ -118,7 +118,9 @@ def arm_result(tracker: Tracker, run: Run, role: str | None = None) -> ArmResult
                      *recorded_requests(tracker, run.info.run_id), "" if tags.get("specdiag.probe") == "none" else
                      tags.get("specdiag.probe", ""), "" if params.get("spec_method", "none") == "none" else
                      params["spec_method"], int(params.get("num_speculative_tokens", 0)),
-                     reused_from=tags.get(REUSED_FROM, ""), served_with=params.get("server_shared_with", ""))
+                     reused_from=tags.get(REUSED_FROM, ""), served_with=params.get("server_shared_with", ""),
+                     swapped_into=tags.get(SERVED, "").removeprefix("swapped into ")
+                     if tags.get(SERVED, "").startswith("swapped into ") else "")
 
 
 @task(name="reuse-arm", cache_policy=NO_CACHE)
@@ -128,7 +130,8 @@ def reuse_arm(tracker: Tracker, found: Run, arm: Arm, experiment_id: str, parent
     original = found.data.tags.get(REUSED_FROM, found.info.run_id)
     when = datetime.fromtimestamp(found.info.start_time / 1000).strftime("%Y-%m-%d %H:%M")
     name, tags = arm_run(arm)
-    tags.update({FINGERPRINT: found.data.tags[FINGERPRINT], REUSED_FROM: original, "specdiag.reused_at": when})
+    tags.update({FINGERPRINT: found.data.tags[FINGERPRINT], REUSED_FROM: original, "specdiag.reused_at": when,
+                 SERVED: f"reused {original}"})
     run = tracker.start(experiment_id, f"{name} (reused)", tags, parent=parent_run_id)
     metrics = {metric_name(k): v for k, v in found.data.metrics.items() if not k.startswith("offline_")}
     metrics.update(known_before(arm, offline))
