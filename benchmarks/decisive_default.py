@@ -31,7 +31,8 @@ from infra.config import load_profile  # noqa: E402
 from infra.tracking import check_store  # noqa: E402
 
 
-def diagnose(tmp: Path, port: int, *args: str) -> dict:
+def diagnose(tmp: Path, port: int, *args: str, extra_metrics: bool = False) -> dict:
+    """One diagnosis in a fresh process and store; extra_metrics: also its server loads and time in swaps."""
     store = tmp / f"run{len(list(tmp.iterdir()))}"
     store.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
@@ -55,7 +56,9 @@ def diagnose(tmp: Path, port: int, *args: str) -> dict:
             "loads": sum(a.data.metrics.get("sys/server_ready_s", 0.0) for a in arms),
             "bench": sum(a.data.metrics.get("sys/bench_s", 0.0) for a in arms),
             "tokens": sum(a.data.metrics.get("sys/output_tokens", 0.0) for a in arms),
-            "requests": {a.data.tags["specdiag.arm"]: int(a.data.metrics.get("sys/requests_ok", 0)) for a in arms}}
+            "requests": {a.data.tags["specdiag.arm"]: int(a.data.metrics.get("sys/requests_ok", 0)) for a in arms},
+            **({"server_loads": sum(1 for a in arms if "sys/server_ready_s" in a.data.metrics),
+                "swaps": sum(a.data.metrics.get("sys/swap_s", 0.0) for a in arms)} if extra_metrics else {})}
 
 
 def line(label: str, r: dict) -> str:

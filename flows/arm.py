@@ -192,8 +192,8 @@ def _finish(tracker: Tracker, executor, windows: list[Window], parent_run_id: st
     for w, end in zip(windows, ends):
         ev, m = w.ev, w.ev.metrics
         ev.engine_version = version
-        if ev.before and len(windows) == 1:  # a shared server's summary lines mix its arms' windows
-            m.update(log_crosscheck(executor, ev.log_path, ev.before))
+        if ev.before:  # a shared server's log lines mix its windows: each reads up to its own closing scrape
+            m.update(log_crosscheck(executor, ev.log_path, ev.before, ev.after if len(windows) > 1 else None))
         ev.log_path = log_path if ev.log_path else ""
         if ev.bench:
             m.update(ev.bench.summary() | request_metrics(ev.bench.records))

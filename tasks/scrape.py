@@ -62,7 +62,12 @@ def counter_metrics(arm: str, before: Snapshot, after: Snapshot, speculative: bo
     return (after.counters - before.counters).rates() if after.counters.present else {}
 
 
-def log_crosscheck(executor: Executor, log_path: str, before: Snapshot) -> dict[str, float]:
-    """The engine's own 'SpecDecoding metrics' lines since the window opened (read after teardown)."""
+def log_crosscheck(executor: Executor, log_path: str, before: Snapshot, after: Snapshot | None = None
+                   ) -> dict[str, float]:
+    """The engine's own 'SpecDecoding metrics' lines since the window opened (read after teardown); up to its closing
+    scrape where other windows followed on the same server (a line printed after it, up to 1 s of the window, is then
+    left out: the cross-check is approximate there)."""
     window, _ = executor.read_from(log_path, before.log_offset)
+    if after is not None:
+        window = window[:max(0, after.log_offset - before.log_offset)]
     return vllm.parse_log_spec_lines(window)

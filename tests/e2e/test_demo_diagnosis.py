@@ -1,5 +1,6 @@
 """The demo diagnosis on the real vLLM CPU engine, every default: baseline, smol-permuted candidate, smol-self control
-(vocab_mismatch); then a follow-up with the under-trained smol-noisy (training_quality) on one server load."""
+(vocab_mismatch), on two server loads: smol-permuted has smol-self's shapes, so it is swapped into the control's running
+server; then a follow-up with the under-trained smol-noisy (training_quality) on one server load."""
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ pytestmark = pytest.mark.e2e
 
 # the figures the verdict reads under their own names; housekeeping (where the time went) grouped under sys/
 ARM_METRICS = {"output_tok_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "speedup_vs_baseline",
-               "sys/server_ready_s", "sys/bench_s", "sys/arm_wall_s", "sys/overhead_s", "sys/host_lock_wait_s"}
+               "sys/bench_s", "sys/arm_wall_s", "sys/overhead_s", "sys/host_lock_wait_s"}
 SPEC_METRICS = {"acceptance_rate", "mean_acceptance_length", "num_drafts", "num_draft_tokens",
                 "num_accepted_tokens", "acceptance_rate_pos_0", "acceptance_rate_pos_3", "sys/log_draft_tokens"}
 
@@ -40,16 +41,27 @@ def test_demo_diagnosis_records_every_arm(demo, demo_cli, demo_store, no_servers
     assert [arms[a].data.tags["mlflow.runColor"] for a in ("baseline", "smol-permuted", "smol-self")] == [
         "#7f7f7f", "#d62728", "#2ca02c"]  # MLflow's charts: the baseline grey, candidate red, control green
 
+    # two loads, not three: the control loads its server, the candidate's head is swapped into it (infra/swap.py)
+    assert [ln for ln in done.output.splitlines() if "] launched pid" in ln][1].count("--worker-extension-cls") == 1
+    assert len([ln for ln in done.output.splitlines() if "] launched pid" in ln]) == 2, done.output[-3000:]
+    served = {a: r.data.tags["specdiag.served"] for a, r in arms.items()}
+    assert served == {"baseline": "fresh load", "smol-self": "fresh load",
+                      "smol-permuted": f"swapped into {arms['smol-self'].info.run_id}"}, served
+    assert "now, swapped into smol-self's server" in next(ln for ln in done.output.splitlines()
+                                                           if ln.split()[:1] == ["smol-permuted"])
+    assert 0 < arms["smol-permuted"].data.metrics["sys/swap_s"] < 30
+    server_of = {"baseline": "baseline", "smol-self": "smol-self", "smol-permuted": "smol-self"}
     for name, run in arms.items():
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert run.info.status == "FINISHED"
         assert ARM_METRICS <= set(run.data.metrics), name
+        assert ("sys/swap_s" if name == "smol-permuted" else "sys/server_ready_s") in run.data.metrics, name
         assert not {"server_ready_s", "arm_wall_s", "host_lock_wait_s"} & set(run.data.metrics), name
         params = run.data.params
         assert params["engine_version"] == "0.32.0"
         assert params["server_cmd"].split()[-1] != "" and "vllm.entrypoints.openai.api_server" in params["server_cmd"]
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-        assert {f"{name}.server.log", "requests.csv", "metrics_before.txt", "metrics_after.txt"} <= artifacts
+        assert {f"{server_of[name]}.server.log", "requests.csv", "metrics_before.txt", "metrics_after.txt"} <= artifacts
 
     base, bad, good = arms["baseline"], arms["smol-permuted"], arms["smol-self"]
     assert base.data.tags["specdiag.drafter"] == "none" and base.data.params["spec_method"] == "none"

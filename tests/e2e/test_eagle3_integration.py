@@ -44,6 +44,10 @@ def test_faulty_engine_patch_is_named_integration(eagle3, eagle3_cli, no_servers
     assert scrambled.tags["specdiag.arm_verdict"] == "vocab_mismatch"
     assert scrambled.metrics["offline_acceptance_rate_aux_control_mapping"] > 2 * scrambled.metrics["offline_acceptance_rate"]
     assert "smol-eagle3-scrambled on its own: `vocab_mismatch`" in verdict and "control's d2t" in verdict
+    # the scrambled head has the control's shapes: swapped into its running server (three loads, not four); the
+    # patched engine needs its plugin in place at start, so badpatch loads its own
+    assert scrambled.tags["specdiag.served"] == f"swapped into {done.arms['smol-eagle3'].info.run_id}"
+    assert done.arms["smol-eagle3-badpatch"].data.tags["specdiag.served"] == "fresh load"
     assert "smol-eagle3-badpatch: offline acceptance" in verdict and "# Verdict: `integration`" in done.output
     log = done.artifact_text(done.arms["smol-eagle3-badpatch"], "smol-eagle3-badpatch.server.log")
     assert "Using auxiliary layers from speculative config: (2, 15, 27)" in log  # what the engine claims

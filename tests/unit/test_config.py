@@ -7,7 +7,7 @@ def test_demo_profile_loads_with_its_drafters():
     p = load_profile("demo")
     assert p.name == "demo" and p.target.model == "embedded:smollm2"
     assert {"smol-self", "smol-self-short", "smol-permuted", "smol-noisy", "ngram", "ngram-never", "smol-eagle3",
-            "smol-eagle3-weak", "smol-eagle3-scrambled", "smol-eagle3-nod2t", "smol-eagle3-wrongaux", "smol-eagle3-badpatch"} == set(p.drafters)
+            "smol-eagle3-weak", "smol-eagle3-scrambled", "smol-eagle3-nod2t", "smol-eagle3-wrongaux", "smol-eagle3-badpatch", "smol-eagle3-noisy"} == set(p.drafters)
     assert p.drafters["smol-eagle3-badpatch"].engine_env == {"SPECDIAG_FAULT_AUX_LAYERS": "0,1,2"}
     assert (p.drafter, p.control) == ("smol-permuted", "smol-self")
     assert "--enforce-eager" in p.target.args
