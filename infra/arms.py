@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 from typing import Callable, Literal
 
 from infra import embedded, registry, swap, vllm
-from infra.eagle3 import with_mapping
+from infra.eagle3 import with_aux_ids, with_mapping
 from infra.executor import LocalExecutor, executor_for
 from infra.config import PROJECT_ROOT, BenchConfig, DrafterConfig, Profile, SpecdiagError
 
@@ -29,6 +29,7 @@ class Arm:
     target_args: tuple[str, ...] | None = None  # server arguments for this arm only (graphs probe)
     mapping_from: str | None = None  # take d2t/t2d from this checkpoint (control_mapping probe)
     position_limit: int = 0  # the positions its drafter declares, where served past them (static check position_limit)
+    aux_ids: tuple[int, ...] | None = None  # feed its head these target layers instead (aux_layers probe)
     swap_aux: tuple[int, ...] | None = None  # the target layers to feed its head once swapped in (infra/swap.Shape)
 
     def server_args(self, profile: Profile) -> list[str]:
@@ -151,10 +152,33 @@ def _control_mapping(profile: Profile, cand: Arm, ctrl: Arm | None) -> list[Arm]
                 mapping_from=ctrl.spec.model)]
 
 
+def _aux_layers(profile: Profile, cand: Arm, ctrl: Arm | None) -> list[Arm]:
+    """The candidate head fed other target layers than its config names: the engine's default (2, N/2, N-3), its own
+    ids -1 and +1 (the off-by-one conventions between trainers and engines), and the control's. On an eager server
+    each is swapped into the candidate's, a window rather than a load: served, not only offline (a 1T target without
+    hidden-state dumps has no offline evaluation)."""
+    from infra import checkpoints
+
+    if cand.spec.method != "eagle3":
+        raise SpecdiagError("probe aux_layers feeds an EAGLE-3 head other target layers: it needs an EAGLE-3 candidate")
+    if profile.host.kind != "local":
+        raise SpecdiagError("probe aux_layers writes a config naming other layers beside the head: it needs the "
+                            "checkpoint on this machine (host local), as control_mapping does")
+    fs, layers = LocalExecutor(), checkpoints.read_target(LocalExecutor(), resolved_target(profile)).num_layers
+    own = tuple(checkpoints.read_drafter(fs, embedded.resolve(cand.spec.model), "eagle3").engine_aux_ids(layers))
+    options = [(2, layers // 2, layers - 3), tuple(i - 1 for i in own), tuple(i + 1 for i in own)]
+    if ctrl and ctrl.spec.method == "eagle3":
+        options.append(tuple(checkpoints.read_drafter(fs, embedded.resolve(ctrl.spec.model), "eagle3")
+                             .engine_aux_ids(layers)))
+    unique = list(dict.fromkeys(tuple(sorted(set(o))) for o in options))
+    return [Arm(f"{cand.name}@aux={','.join(map(str, ids))}", "probe", cand.drafter, cand.spec, "aux_layers",
+                aux_ids=ids) for ids in unique if ids != own and all(0 <= i < layers for i in ids)]
+
+
 # Each probe: the candidate again with one thing changed, so that one measured difference names one cause
 # (tasks/verdict/rules.py: probes). Adding a probe is adding an entry here and its name to Profile.probes.
 PROBES = {"k_sweep": _k_sweep, "graphs": _graphs, "raw_prompts": _raw_prompts, "temperature": _temperature,
-          "thinking": _thinking, "control_mapping": _control_mapping}
+          "thinking": _thinking, "control_mapping": _control_mapping, "aux_layers": _aux_layers}
 
 
 def probe_arms(profile: Profile, cand: Arm, ctrl: Arm | None) -> list[Arm]:
@@ -164,7 +188,7 @@ def probe_arms(profile: Profile, cand: Arm, ctrl: Arm | None) -> list[Arm]:
 def same_server(a: Arm, b: Arm) -> bool:
     """Whether two arms' servers are the same command: the same drafter served the same way on the same target
     arguments. A probe that changes only the benchmark (raw_prompts, temperature, thinking) serves the candidate's."""
-    return (a.spec, a.target_args, a.mapping_from) == (b.spec, b.target_args, b.mapping_from)
+    return (a.spec, a.target_args, a.mapping_from, a.aux_ids) == (b.spec, b.target_args, b.mapping_from, b.aux_ids)
 
 
 def shared_servers(arms: list[Arm], may_ride: Callable[[Arm], bool], keys: dict[str, str] | None = None
@@ -264,7 +288,9 @@ def resolved_drafters(arms: list[Arm]) -> list[Arm]:
             model = embedded.resolve(a.spec.model)
             if a.mapping_from:
                 model = str(with_mapping(Path(model), Path(embedded.resolve(a.mapping_from))))
-            a = replace(a, spec=a.spec.model_copy(update={"model": model}), mapping_from=None)
+            if a.aux_ids:
+                model = str(with_aux_ids(Path(model), a.aux_ids))
+            a = replace(a, spec=a.spec.model_copy(update={"model": model}), mapping_from=None, aux_ids=None)
         out.append(a)
     return out
 

@@ -200,7 +200,8 @@ class Profile(_Strict):
     offline_eval: Literal["eagle3", "all", "none"] = "eagle3"
     offline: OfflineConfig = Field(default_factory=OfflineConfig)
     # Probe arms derived from the candidate (see infra/arms.py: probe_arms), each one more server launch.
-    probes: list[Literal["k_sweep", "graphs", "raw_prompts", "temperature", "thinking", "control_mapping"]] = Field(
+    probes: list[Literal["k_sweep", "graphs", "raw_prompts", "temperature", "thinking", "control_mapping",
+                          "aux_layers"]] = Field(
         default_factory=list)
     k_sweep: list[int] = Field(default_factory=lambda: [1, 2, 4, 6])
     # Launch an arm even when a static check found a fault that makes its server load pointless (tasks/inspect.GATING)

@@ -28,3 +28,30 @@ def with_mapping(candidate: Path, control: Path) -> Path:
                   metadata={"format": "pt"})
         tmp.rename(out)
     return out
+
+
+def with_aux_ids(head: Path, ids: tuple[int, ...]) -> Path:
+    """The head fed other target layers: its folder again, the weights linked (no copy), the config naming IDS at the
+    top level (which vLLM reads first). The aux_layers probe's checkpoint; swapped into the head's eager server, only
+    the running target's aux layers change."""
+    import json
+
+    from infra.embedded import cache_dir
+
+    config = json.loads((head / "config.json").read_text())
+    config["eagle_aux_hidden_state_layer_ids"] = list(ids)
+    stamp = f"{head.resolve()}:{(head / 'config.json').stat().st_mtime_ns}"
+    out = cache_dir() / "derived" / f"{head.name}-aux-{'-'.join(map(str, ids))}-{_digest(stamp)}"
+    if not (out / "config.json").exists():
+        out.mkdir(parents=True, exist_ok=True)
+        for f in head.iterdir():
+            if f.name != "config.json" and not (out / f.name).exists():
+                (out / f.name).symlink_to(f.resolve())
+        (out / "config.json.partial").write_text(json.dumps(config, indent=2))
+        (out / "config.json.partial").rename(out / "config.json")
+    return out
+
+
+def _digest(text: str) -> str:
+    import hashlib
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

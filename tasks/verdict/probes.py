@@ -7,11 +7,15 @@ from tasks.verdict.evidence import MIN_DRAFTS, PROBE_RATIO, acceptance_interval,
 from tasks.verdict.settle import settle
 
 # What a probe arm's clear difference from the candidate names: (either direction counts, cause, why, what to do).
-# The control_mapping probe counts only upwards: the control's mapping can only help a head whose own is wrong.
+# The control_mapping and aux_layers probes count only upwards: another mapping or other layers can only help a head
+# whose own are wrong (a correct head accepts less on any other layers).
 PROBE_CAUSES = {
     "control_mapping": (False, "vocab_mismatch", "with the control's d2t/t2d the same head accepts far more: its own "
                         "vocabulary mapping is wrong", "regenerate the candidate's d2t/t2d from the data it was "
                         "trained on, or reuse the control's"),
+    "aux_layers": (False, "aux_layers", "fed other target layers, the same head accepts far more: the engine feeds "
+                   "it layers it was not trained on", "set eagle_aux_hidden_state_layer_ids in the drafter's config "
+                   "to the layers this probe arm fed it (its name)"),
     "graphs": (True, "integration", "acceptance changes with CUDA graphs / compilation alone: the engine's graph "
                "path runs the drafter differently", "serve the drafter eager (speculative config enforce_eager) and "
                "report it to the engine"),

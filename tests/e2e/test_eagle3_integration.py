@@ -71,6 +71,29 @@ def test_faulty_engine_patch_is_named_integration(eagle3, eagle3_cli, no_servers
         assert "acceptance is fine, but the measured speedup" in again.output
 
 
+def test_served_aux_layer_interventions_name_the_fault_without_offline_numbers(eagle3, eagle3_cli, no_servers_left):
+    """The seed's other suspect, as on a 1T target with no hidden-state dumps (no offline evaluation at all): the
+    head's config names layers (1, 8, 20) it was not trained on. The aux_layers probe feeds the same head the engine's
+    default layers, its ids -1 and +1, swapped into its running server one window each: one server load for the four
+    drafter arms (the baseline and the control reused from the diagnosis above), and the served probe names the
+    cause and the layers."""
+    done = eagle3_cli("--drafter", "smol-eagle3-wrongaux", "--control", "smol-eagle3", "--probe", "aux_layers",
+                      "--set", "offline_eval=none")
+    assert done.returncode == 0, done.output[-3000:]
+    assert done.parent.data.tags["specdiag.offline_eval"] == "skipped"
+    probes = {"smol-eagle3-wrongaux@aux=2,15,27", "smol-eagle3-wrongaux@aux=0,7,19", "smol-eagle3-wrongaux@aux=2,9,21"}
+    assert set(done.arms) == {"baseline", "smol-eagle3", "smol-eagle3-wrongaux"} | probes
+    served = {a: r.data.tags["specdiag.served"] for a, r in done.arms.items()}
+    cand = done.arms["smol-eagle3-wrongaux"].info.run_id
+    assert served["smol-eagle3-wrongaux"] == "fresh load" and all(
+        served[p] == f"swapped into {cand}" for p in probes), served
+    assert len([ln for ln in done.output.splitlines() if "] launched pid" in ln]) == 1
+    trained = done.arms["smol-eagle3-wrongaux@aux=2,15,27"].data.metrics["acceptance_rate"]
+    assert trained > 2 * done.arms["smol-eagle3-wrongaux"].data.metrics["acceptance_rate"]
+    assert done.parent.data.tags["specdiag.verdict"] == "aux_layers", done.output[-3000:]
+    assert "smol-eagle3-wrongaux@aux=2,15,27" in done.artifact_text(done.parent, "verdict.md")
+
+
 def test_eagle3_checkpoint_faults_are_caught_statically_in_seconds():
     """Before any server: the trained head passes, its scrambled-d2t and dropped-d2t variants do not."""
     import subprocess

@@ -39,12 +39,18 @@ def test_eagle3_diagnosis_with_offline_evaluation_runs_through_ssh(cli, sshd, tm
     and job sent over SFTP, report fetched back) and the verdict compares it with what the host's server served.
     Beside it, an extra arm: smol-eagle3-wrongaux, the trained head (layers 2, 15, 27) with a config naming (1, 8, 20).
     The engine feeds it what the config says; offline, the same head on the engine's default layers accepts far more:
-    `aux_layers`, with the layers it was trained on, decided by the offline evaluation (no extra server)."""
+    `aux_layers`, with the layers it was trained on, decided by the offline evaluation (no extra server).
+    And the noised head, of wrongaux's shapes: swapped into wrongaux's server on the host (the extension sent over SFTP
+    into the run's folder there), its aux layers set back to the ones its config names."""
     done = cli("--profile", ssh_profile(sshd, tmp_path), "--host", "sshbox", "--drafter", "smol-eagle3-badpatch",
-               "--no-control", "--arms", "smol-eagle3-wrongaux", "--prompt-set", "topics", "--prompts", "8",
-               "--max-tokens", "48")
+               "--no-control", "--arms", "smol-eagle3-wrongaux", "smol-eagle3-noisy", "--prompt-set", "topics",
+               "--prompts", "8", "--max-tokens", "48")
     assert done.returncode == 0, done.output[-3000:]
-    assert set(done.arms) == {"baseline", "smol-eagle3-badpatch", "smol-eagle3-wrongaux"}
+    assert set(done.arms) == {"baseline", "smol-eagle3-badpatch", "smol-eagle3-wrongaux", "smol-eagle3-noisy"}
+    noisy = done.arms["smol-eagle3-noisy"].data
+    assert noisy.tags["specdiag.served"] == f"swapped into {done.arms['smol-eagle3-wrongaux'].info.run_id}"
+    assert noisy.params["host"] == "sshbox" and noisy.metrics["num_drafts"] > 0
+    assert "aux layers [2, 15, 27]" in done.output  # what the host's engine reported after the swap
     run = done.arms["smol-eagle3-badpatch"].data
     assert run.params["host"] == "sshbox"
     assert run.params["server_cmd"].startswith("setsid nohup env ")

@@ -86,3 +86,24 @@ def test_a_checkpoint_that_cannot_be_described_is_never_swapped(tmp_path):
     assert missing.key is None and "could not be described" in missing.why
     ngram = shape(LocalExecutor(), Arm("n", "extra", "ngram", DrafterConfig(method="ngram")), cfg, 30)
     assert ngram.key is None and "no drafter weights" in ngram.why
+
+
+def test_a_tensor_of_another_dtype_or_shape_is_another_server(tmp_path, kimi):
+    """Same config, one tensor stored otherwise: the engine would build the same head, but the weights would not load
+    into it in place, so the arm gets its own server."""
+    from safetensors.torch import load_file, save_file
+
+    cfg, heads = load_profile("demo"), [F.specforge(tmp_path / n, F.KIMI_K25) for n in ("a", "b")]
+
+    def key(path):
+        return shape(LocalExecutor(), _arm("x", "extra", path=str(path)), cfg, 61).key
+    assert key(heads[0]) == key(heads[1])
+    file = next(heads[1].glob("*.safetensors"))
+    tensors = load_file(str(file))
+    stored = tensors["fc.weight"].dtype
+    tensors["fc.weight"] = tensors["fc.weight"].bfloat16()  # fp32 in the fixture
+    save_file(tensors, str(file))
+    assert key(heads[0]) != key(heads[1])
+    tensors["fc.weight"] = tensors["fc.weight"][:, :-1].to(stored).contiguous()
+    save_file(tensors, str(file))
+    assert key(heads[0]) != key(heads[1])
