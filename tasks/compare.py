@@ -8,7 +8,7 @@ from prefect.cache_policies import NO_CACHE
 
 from infra.stats import mean_interval
 from infra.tracking import Tracker
-from tasks.record import ArmResult
+from tasks.record import ArmResult, served
 from tasks.speedup import speedup_interval
 
 COLUMNS = ["arm", "role", "status", "acceptance_rate", "acceptance_rate_req", "mean_acceptance_length", "output_tok_s",
@@ -32,11 +32,10 @@ def stream_metrics(r: ArmResult, base: ArmResult | None) -> dict[str, float]:
 
 
 def measured(r: ArmResult) -> str:
-    if r.reused_from:
-        return f"reused {r.reused_from}"
+    """The table's `measured` column: the run's specdiag.served, named by arm (and "now" where measured now)."""
     if r.swapped_into:
         return f"now, swapped into {r.served_with}'s server ({r.metrics.get('swap_s', 0):.1f} s)"
-    return f"now, on {r.served_with}'s server" if r.served_with else "now, fresh load"
+    return served(r) if r.reused_from else f"now, {served(r)}"
 
 
 def comparison_table(results: list[ArmResult]) -> pd.DataFrame:
