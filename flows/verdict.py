@@ -30,8 +30,11 @@ def gather(tracker: Tracker, run_ids: list[str], candidate: str | None):
         run = client.get_run(rid)
         if run.data.tags.get("specdiag.kind") == "diagnosis":
             recorded = run.data.tags.get("specdiag.verdict") if len(run_ids) == 1 else None
-            runs += client.search_runs([run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{rid}'",
-                                       order_by=["attributes.start_time ASC"])
+            arms = client.search_runs([run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{rid}'",
+                                      order_by=["attributes.start_time ASC"])
+            plan = run.data.params.get("arms", "").split(",")  # the flow reads its arms in the plan's order, not
+            runs += sorted(arms, key=lambda r: plan.index(a) if (a := r.data.tags.get("specdiag.arm")) in plan
+                           else len(plan))  # the order they ran in (a control swapped before its candidate)
             if EVIDENCE in {a.path for a in client.list_artifacts(rid)}:
                 with tempfile.TemporaryDirectory() as tmp:
                     saved = json.loads(Path(client.download_artifacts(rid, EVIDENCE, tmp)).read_text())
