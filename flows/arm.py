@@ -95,7 +95,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
             if swapping and not (ready and executor.is_alive(server.process.pid)):
                 break  # no server to swap into: the rest load afresh (flows/diagnose._measure)
             windows.append(w := Window.start(tracker, rider.arm, where, rider.offline, rider.fingerprint))
-            w.result.served_with, w.swapped = arm.name, swapping
+            w.result.served_with = arm.name
             with w.attempt():
                 w.params = {**plan_server(cfg, rider.arm, workdir, swappable=swaps).params,
                             "server_shared_with": arm.name}
@@ -132,7 +132,6 @@ class Window:
     ev: ArmEvidence
     params: dict = field(default_factory=dict)
     began: float = field(default_factory=time.monotonic)
-    swapped: bool = False  # its drafter was swapped into the running server before it
 
     @classmethod
     def start(cls, tracker: Tracker, arm: Arm, where: tuple[str, str], offline, fingerprint) -> "Window":

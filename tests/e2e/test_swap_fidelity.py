@@ -52,8 +52,9 @@ def _listening(port: int) -> list[str]:
     return [ln.split()[3] for ln in lines if ln.strip()]
 
 
-def _serve(cfg, arms, order, workdir, prompts) -> dict[str, list[tuple]]:
-    """A server loaded with order[0]'s head, each next head swapped in; each head's counts, by its letter."""
+def _serve(cfg, arms, order, workdir, prompts, then=None) -> dict[str, list[tuple]]:
+    """A server loaded with order[0]'s head, each next head swapped in; each head's counts, by its letter. then(server):
+    run on it before its teardown."""
     ex, first, seen = LocalExecutor(), arms[order[0]], {}
     install(ex, workdir)
     server = launch_server.fn(plan_server(cfg, first, workdir, swappable=True), ex)
@@ -64,6 +65,8 @@ def _serve(cfg, arms, order, workdir, prompts) -> dict[str, list[tuple]]:
             if i:
                 swap_drafter.fn(server, arms[letter], 120)
             seen[letter if letter not in seen else letter + "'"] = _counts(server.base_url, prompts)
+        if then:
+            then(server)
     finally:
         teardown.fn(server)
     return seen
@@ -100,7 +103,7 @@ def test_a_swapped_head_counts_exactly_as_a_fresh_load(tmp_path, no_servers_left
     embedded.engine_python()
 
     s = _serve(cfg, arms, ["R", "W", "X", "N", "A", "W"], str(tmp_path / "s"), prompts)
-    t = _serve(cfg, arms, ["W", "A", "N"], str(tmp_path / "t"), prompts)
+    t = _serve(cfg, arms, ["W", "A", "N"], str(tmp_path / "t"), prompts, lambda server: _faults(server, arms, tmp_path))
     print({k: [int(sum(c[i] for c in v)) for i in range(4)] for k, v in {**{f"S:{k}": v for k, v in s.items()},
                                                                          **{f"T:{k}": v for k, v in t.items()}}.items()})
     assert s["W"] == t["W"], "W swapped into R's server must count as W freshly loaded (weights, aux ids, cache)"
@@ -110,3 +113,28 @@ def test_a_swapped_head_counts_exactly_as_a_fresh_load(tmp_path, no_servers_left
     # the heads really differ, so a swap that did nothing could not pass
     assert len({tuple(v) for v in (s["R"], s["N"], s["W"], s["A"], s["X"])}) == 5, s
     assert sum(c[0] for c in s["A"]) > 0 and sum(c[1] for c in s["A"]) > 0
+
+
+def _faults(server, arms, tmp_path):
+    """A checkpoint that cannot be read fails its swap with the engine's reason; a server that died is reported as
+    dead within seconds, not after the swap's timeout."""
+    import os
+    import shutil
+    import signal
+    import time
+
+    from tasks.health import ServerDied
+    from tasks.swap import SwapFailed
+
+    broken = shutil.copytree(arms["A"].spec.model, tmp_path / "truncated")
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a copy cut short mid-write
+    arm = replace(arms["A"], spec=arms["A"].spec.model_copy(update={"model": str(broken)}))
+    with pytest.raises((SwapFailed, ServerDied)) as failed:
+        swap_drafter.fn(server, arm, 120)
+    assert "safetensors" in str(failed.value).lower() or "header" in str(failed.value).lower(), failed.value
+    os.killpg(server.process.pgid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(ServerDied, match="died during the swap"):
+        swap_drafter.fn(server, arms["N"], 120)
+    assert time.monotonic() - start < 10
