@@ -13,6 +13,17 @@ from tasks.health import ServerDied, _tail
 from tasks.launch import Server
 
 
+def _dies(server: Server, within_s: float = 3.0) -> bool:
+    """Whether the server exits within a few seconds: a worker that crashed in the swap takes the API server down
+    after the reply (a reset connection), and its log then holds the engine's reason."""
+    end = time.monotonic() + within_s
+    while server.executor.is_alive(server.process.pid):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 class SwapFailed(RuntimeError):
     """The engine refused the swap, or holds something else than the checkpoint afterwards."""
 
@@ -26,11 +37,11 @@ def swap_drafter(server: Server, arm: Arm, timeout_s: float) -> float:
     try:
         state = engine.swap(server.base_url, path, arm.swap_aux, timeout_s)
     except (httpx.HTTPError, engine.SwapRefused) as exc:
-        if not server.executor.is_alive(server.process.pid):
+        if _dies(server):
             raise ServerDied(f"[{arm.name}] the server died during the swap after {time.monotonic() - start:.0f} s; "
                              f"log tail:\n{_tail(server)}") from exc
-        raise SwapFailed(f"the engine did not take {arm.name}'s drafter ({path}): {type(exc).__name__}: {exc}") \
-            from exc
+        raise SwapFailed(f"the engine did not take {arm.name}'s drafter ({path}): {type(exc).__name__}: {exc}; "
+                         f"its log ends:\n{_tail(server, 20)}") from exc
     wrong = []
     if state.get("d2t_sum") != want_d2t:
         wrong.append(f"d2t checksum {state.get('d2t_sum')} where the checkpoint's is {want_d2t}")
