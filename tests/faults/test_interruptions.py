@@ -50,8 +50,12 @@ def start(prefect_server, tmp_path):
         env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PREFECT_API_URL": PREFECT_API_URL.value(),
                "PYTHONUNBUFFERED": "1"}
         log = open(tmp_path / f"{name}.out", "w+")
+        # Ctrl-C live, as in a terminal, however the suite itself was started: a shell starting it as a background job
+        # without job control leaves SIGINT ignored in every child, and a Python started so never raises
+        # KeyboardInterrupt (all three tests here failed so in a CI run started with `bash -c "..." &`)
         proc = subprocess.Popen([sys.executable, "flows/diagnose.py", *args], cwd=ROOT, env=env, text=True,
-                                stdout=log, stderr=subprocess.STDOUT)
+                                stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         started.append(proc)
         return Running(proc, uri, log)
     yield go
