@@ -56,9 +56,11 @@ def shape(fs, arm, profile, target_layers: int | None) -> Shape:
         tensors = {k: (v.dtype, list(v.shape)) for k, v in checkpoints.tensor_index(fs, spec.model).items()}
     except Exception as exc:  # an unreadable checkpoint: its arm fails or loads on its own, never on a guess
         return Shape(None, f"its checkpoint could not be described ({type(exc).__name__}: {exc})")
+    if spec.method == "eagle3" and not target_layers:  # its aux ids could not be set on the running target
+        return Shape(None, "the target's layer count could not be read, so the layers to feed the head are unknown")
     args = arm.server_args(profile)
     eager = "--enforce-eager" in args
-    aux = tuple(head.engine_aux_ids(target_layers)) if spec.method == "eagle3" and target_layers else None
+    aux = tuple(head.engine_aux_ids(target_layers)) if spec.method == "eagle3" else None
     built = {"method": spec.method, "k": spec.num_speculative_tokens, "extra": spec.extra,
              "engine_env": spec.engine_env, "args": args, "architecture": head.architecture,
              "config": _config(head.config), "tensors": tensors, "aux": None if eager else aux}
@@ -73,7 +75,7 @@ def shapes(profile, arms, target: str) -> dict[str, Shape]:
     try:
         try:
             layers = checkpoints.read_target(fs, target).num_layers
-        except Exception:  # the head's own aux ids still decide; a head relying on the default gets its own load
+        except Exception:  # then no EAGLE-3 head is swapped (shape says why); draft models still are
             layers = None
         return {a.name: shape(fs, a, profile, layers) for a in arms if a.spec}
     finally:

@@ -84,6 +84,9 @@ def test_a_checkpoint_that_cannot_be_described_is_never_swapped(tmp_path):
     cfg = load_profile("demo")
     missing = shape(LocalExecutor(), _arm("m", "extra", path=str(tmp_path / "nothing")), cfg, 30)
     assert missing.key is None and "could not be described" in missing.why
+    head = F.specforge(tmp_path / "head", F.LLAMA)  # an EAGLE-3 head whose target's layers are unknown: never swapped,
+    unknown = shape(LocalExecutor(), _arm("h", "extra", path=str(head)), cfg, None)  # its aux ids could not be set
+    assert unknown.key is None and "layer count" in unknown.why
     ngram = shape(LocalExecutor(), Arm("n", "extra", "ngram", DrafterConfig(method="ngram")), cfg, 30)
     assert ngram.key is None and "no drafter weights" in ngram.why
 
