@@ -115,8 +115,11 @@ def _spent(r: ArmResult) -> str:
     """Where an arm's time went, for the closing line."""
     if r.reused_from:
         return f"{r.arm} reused"
-    load = f"swapped into {r.served_with}'s server in {r.metrics.get('swap_s', 0):.1f} s" if r.swapped_into else \
-        f"on {r.served_with}'s server" if r.served_with else f"fresh load, {r.metrics.get('server_ready_s', 0):.0f} s ready"
+    if r.swapped_into:
+        load = f"swapped into {r.served_with}'s server in {r.metrics.get('swap_s', 0):.1f} s"
+    else:
+        load = f"on {r.served_with}'s server" if r.served_with else \
+            f"fresh load, {r.metrics.get('server_ready_s', 0):.0f} s ready"
     return f"{r.arm} {load} + {r.metrics.get('bench_s', 0):.0f} s bench + {r.metrics.get('overhead_s', 0):.0f} s other"
 
 
@@ -151,8 +154,7 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
     on = _hosts(cfg)
     drafters = [_position_limited(a, findings) for a in drafters]
     prints = {h: fingerprints(c, drafters, target, prompts) for h, c in on.items()}
-    blockers = {a.name: [] if cfg.force else [f"{f.code}: {f.message}" for f in findings.get(a.name, []) if f.gating]
-                for a in drafters}
+    blockers = _blockers(cfg, drafters, findings)
     results: list[ArmResult] = []  # as they end: a later arm's early stop compares with the earlier ones
     found: dict = {}  # arm -> the run it reuses, where looked up before any arm ran
 
@@ -163,7 +165,7 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
                                 runs, host, found)
         results.extend(measured)
         return measured
-    groups, _ = grouped(cfg, drafters, blockers, target)
+    groups = grouped(cfg, drafters, blockers, target)
     if not runs:  # in order, in this thread: Ctrl-C reaches the arm's own teardown
         found = {a.name: run for a in drafters if (run := _reusable(cfg, a, tracker, prints[cfg.host.name], blockers))}
         done = [r for g in _in_order(cfg, groups, set(found)) for r in one(g, cfg.host.name)]
@@ -178,17 +180,24 @@ def _arms(cfg, drafters, findings, evaluating, tracker, where, prompts, target, 
     return sorted(done, key=lambda r: order.index(r.arm))
 
 
-def grouped(cfg, drafters, blockers: dict, target: str) -> tuple[list, list[str]]:
+def grouped(cfg, drafters, blockers: dict, target: str) -> list:
     """The arms by server (infra/arms.shared_servers), decided before any server starts: drafters of the same shapes
-    share one load by swapping (infra/swap.py); and the plan's lines, one per arm, saying how each is served and why."""
-    found = swap.shapes(cfg, [a for a in drafters if not blockers.get(a.name)], target) if cfg.swap.enabled else {}
+    share one load by swapping (infra/swap.py). Prints the plan, one line per arm, saying how each is served and why."""
+    blocked = {name for name, why in blockers.items() if why}
+    found = swap.shapes(cfg, [a for a in drafters if a.name not in blocked], target) if cfg.swap.enabled else {}
     drafters = [replace(a, swap_aux=found[a.name].aux_ids) if a.name in found else a for a in drafters]
-    groups = shared_servers(drafters, lambda a: not speed_judged(a.role, a.probe) and not blockers[a.name],
+    groups = shared_servers(drafters, lambda a: not speed_judged(a.role, a.probe) and a.name not in blocked,
                             {name: s.key for name, s in found.items() if s.key})
-    lines = swap.plan_lines(groups, found, cfg.swap.enabled, {n for n, b in blockers.items() if b})
-    print("plan: " + str(sum(1 for g in groups if g[0].name not in blockers or not blockers[g[0].name]))
-          + " server load(s)\n  " + "\n  ".join(lines))
-    return groups, lines
+    lines = swap.plan_lines(groups, found, cfg.swap.enabled, blocked)
+    loads = sum(1 for g in groups if g[0].name not in blocked)
+    print(f"plan: {loads} server load(s)\n  " + "\n  ".join(lines))
+    return groups
+
+
+def _blockers(cfg, drafters, findings: dict) -> dict[str, list[str]]:
+    """arm -> the static findings that make its server load pointless (none with --force)."""
+    return {a.name: [] if cfg.force else [f"{f.code}: {f.message}" for f in findings.get(a.name, []) if f.gating]
+            for a in drafters}
 
 
 def _in_order(cfg, groups: list, reused: set[str]) -> list:
@@ -321,9 +330,7 @@ def dry_run(cfg, plan) -> None:
     """--dry-run: the plan as the flow would make it (static checks, shapes, grouping), printed; no server starts."""
     target, drafters = resolved_target(cfg), resolved_drafters(plan)
     findings = inspect_arms.fn(target, drafters, cfg.host, cfg.target.max_model_len())
-    blockers = {a.name: [f"{f.code}: {f.message}" for f in findings.get(a.name, []) if f.gating and not cfg.force]
-                for a in drafters}
-    grouped(cfg, drafters, blockers, target)
+    grouped(cfg, drafters, _blockers(cfg, drafters, findings), target)
     print("(dry run: nothing was started; `python flows/diagnose.py` without --dry-run runs this plan)")
 
 

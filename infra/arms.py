@@ -164,7 +164,8 @@ def _aux_layers(profile: Profile, cand: Arm, ctrl: Arm | None) -> list[Arm]:
     if profile.host.kind != "local":
         raise SpecdiagError("probe aux_layers writes a config naming other layers beside the head: it needs the "
                             "checkpoint on this machine (host local), as control_mapping does")
-    fs, layers = LocalExecutor(), checkpoints.read_target(LocalExecutor(), resolved_target(profile)).num_layers
+    fs = LocalExecutor()
+    layers = checkpoints.read_target(fs, resolved_target(profile)).num_layers
     own = tuple(checkpoints.read_drafter(fs, embedded.resolve(cand.spec.model), "eagle3").engine_aux_ids(layers))
     options = [(2, layers // 2, layers - 3), tuple(i - 1 for i in own), tuple(i + 1 for i in own)]
     if ctrl and ctrl.spec.method == "eagle3":

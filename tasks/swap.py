@@ -9,7 +9,7 @@ from prefect.cache_policies import NO_CACHE
 
 from infra import swap as engine
 from infra.arms import Arm
-from tasks.health import ServerDied, _tail
+from tasks.health import ServerDied, log_tail
 from tasks.launch import Server
 
 
@@ -39,9 +39,9 @@ def swap_drafter(server: Server, arm: Arm, timeout_s: float) -> float:
     except (httpx.HTTPError, engine.SwapRefused) as exc:
         if _dies(server):
             raise ServerDied(f"[{arm.name}] the server died during the swap after {time.monotonic() - start:.0f} s; "
-                             f"log tail:\n{_tail(server)}") from exc
+                             f"log tail:\n{log_tail(server)}") from exc
         raise SwapFailed(f"the engine did not take {arm.name}'s drafter ({path}): {type(exc).__name__}: {exc}; "
-                         f"its log ends:\n{_tail(server, 20)}") from exc
+                         f"its log ends:\n{log_tail(server, 20)}") from exc
     wrong = []
     if state.get("d2t_sum") != want_d2t:
         wrong.append(f"d2t checksum {state.get('d2t_sum')} where the checkpoint's is {want_d2t}")
