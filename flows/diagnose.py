@@ -29,7 +29,7 @@ from infra.arms import plan_arms, resolved_drafters, resolved_target, run_dir, s
 from infra.config import PROJECT_ROOT, DrafterRef, NoControl, ProfileRef, SpecdiagError, load_profile
 from infra.fingerprint import digest
 from infra.tracking import Tracker, check_store, interrupted_where, interruption, signal_name, tracking_uri
-from infra.promptsets import load as load_prompts
+from infra.promptsets import distinct as distinct_prompts, load as load_prompts
 from tasks.compare import compare, comparison_markdown
 from tasks.confirm import confirm, fix_arm
 from tasks.inspect import findings_markdown, inspect_arms, position_limit
@@ -39,6 +39,7 @@ from tasks.report import report
 from tasks.reuse import fingerprints, newest_match, rerun_inputs, reuse_arm
 from tasks.record import ArmResult
 from tasks.verdict import speed_compared, speed_judged, verdict
+from tasks.verdict.settle import window_lines
 
 
 def prepare(profile: str = "demo", overrides: dict | None = None, sets: list[str] | None = None):
@@ -50,7 +51,8 @@ def prepare(profile: str = "demo", overrides: dict | None = None, sets: list[str
         validate_inputs(on_host, arms)
     if cfg.spread.hosts:
         spread.check(cfg, tracking_uri())
-    prompts = load_prompts(cfg.bench.prompts, cfg.bench.warmup + cfg.bench.num_prompts)
+    # greedy decoding answers a repeated prompt identically: a window never repeats one (window_plan says so)
+    prompts = load_prompts(cfg.bench.prompts, cfg.bench.warmup + cfg.bench.num_prompts, cfg.bench.temperature > 0)
     return cfg, arms, prompts
 
 
@@ -80,6 +82,7 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
     with tracker.terminated(parent):
         target, drafters, workdir = resolved_target(cfg), resolved_drafters(plan), run_dir(cfg, parent)
         findings = inspect_arms(target, drafters, cfg.host, cfg.target.max_model_len())  # seconds, before any server
+        window_plan(cfg, plan, prompts)
         static = findings_markdown(findings)
         tracker.text(parent, static, "static_checks.md")
         laps.lap("setup_s")
@@ -194,6 +197,16 @@ def grouped(cfg, drafters, blockers: dict, target: str) -> list:
     return groups
 
 
+def window_plan(cfg, plan, prompts: list[str]) -> None:
+    """Before measuring: the requests a window can take, and whether they can settle the candidate against its
+    control."""
+    measured = len(prompts) - cfg.bench.warmup
+    dropped = cfg.bench.num_prompts - measured
+    roles = {a.role for a in plan}
+    print("\n".join(window_lines(measured, distinct_prompts(cfg.bench.prompts), dropped, cfg.bench.prompts,
+                                 cfg.bench.max_tokens, {"candidate", "control"} <= roles)))
+
+
 def _blockers(cfg, drafters, findings: dict) -> dict[str, list[str]]:
     """arm -> the static findings that make its server load pointless (none with --force)."""
     return {a.name: [] if cfg.force else [f"{f.code}: {f.message}" for f in findings.get(a.name, []) if f.gating]
@@ -295,9 +308,9 @@ def main(argv: list[str] | None = None, early=None) -> int:
         if args.rerun:  # the recorded profile and prompt texts, every arm measured again
             args.profile, again = rerun_inputs(Tracker(), args.rerun, PROJECT_ROOT / "runs" / f"rerun-{args.rerun}")
             args.sets = again + args.sets
-        cfg, plan, _ = prepare(args.profile, over, args.sets)  # fail fast, before a flow runs
+        cfg, plan, prompts = prepare(args.profile, over, args.sets)  # fail fast, before a flow runs
         if args.dry_run:
-            dry_run(cfg, plan)
+            dry_run(cfg, plan, prompts)
             if early:
                 early.stop()
             return 0
@@ -326,10 +339,12 @@ def main(argv: list[str] | None = None, early=None) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
-def dry_run(cfg, plan) -> None:
-    """--dry-run: the plan as the flow would make it (static checks, shapes, grouping), printed; no server starts."""
+def dry_run(cfg, plan, prompts: list[str]) -> None:
+    """--dry-run: the plan as the flow would make it (static checks, shapes, grouping, the windows), printed; no server
+    starts."""
     target, drafters = resolved_target(cfg), resolved_drafters(plan)
     findings = inspect_arms.fn(target, drafters, cfg.host, cfg.target.max_model_len())
+    window_plan(cfg, plan, prompts)
     grouped(cfg, drafters, _blockers(cfg, drafters, findings), target)
     print("(dry run: nothing was started; `python flows/diagnose.py` without --dry-run runs this plan)")
 

@@ -66,8 +66,9 @@ def looks_random(prompts: list[str]) -> bool:
     return sum(natural_share(p) for p in prompts) / max(1, len(prompts)) < 0.4
 
 
-def load(spec: str, count: int) -> list[str]:
-    """`count` prompts (the set repeats when shorter): a shipped set name, or a .jsonl/.json path."""
+def load(spec: str, count: int, repeat: bool = True) -> list[str]:
+    """`count` prompts (the set repeats when shorter, unless not `repeat`: then every prompt once, in order, at most
+    `count`): a shipped set name, or a .jsonl/.json path."""
     if spec.lower() in ("random", "random-tokens"):
         raise SpecdiagError(f"prompt set {spec!r} refused: {RANDOM_REASON}")
     path = Path(spec).expanduser() if spec.endswith((".jsonl", ".json")) else PROMPTS_DIR / f"{spec}.jsonl"
@@ -84,4 +85,11 @@ def load(spec: str, count: int) -> list[str]:
         raise SpecdiagError(f"{path} holds no prompts")
     if looks_random(prompts):
         raise SpecdiagError(f"{path} looks like random-token prompts, refused: {RANDOM_REASON}")
+    if not repeat:
+        return list(dict.fromkeys(prompts))[:count]
     return [prompts[i % len(prompts)] for i in range(count)]
+
+
+def distinct(spec: str) -> int:
+    """How many different prompts the set holds."""
+    return len(set(load(spec, 1 << 30, repeat=False)))

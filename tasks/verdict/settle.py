@@ -14,7 +14,12 @@ import numpy as np
 from scipy.special import stdtrit
 
 from infra.stats import speed_logs, wilson
-from tasks.verdict.evidence import acceptance_interval
+from tasks.verdict.evidence import NARROW, acceptance_interval
+
+# The spread of per-request acceptance at 32 output tokens: 0.14 for the demo's EAGLE-3 head on the chat set
+# (2026-12-07, 15 requests at k=3; its interval over requests was 0.354 +-0.078), taken a little wider. Drafts per
+# request scale with the tokens, so the spread is taken to shrink as 1/sqrt(tokens): an estimate, said as one.
+REQUEST_SD_32 = 0.16
 
 
 def drafts_needed(rate: float, drafts: float, clear_of: tuple[float, ...] = (), half_width: float | None = None,
@@ -36,12 +41,38 @@ def width(m: dict[str, float]) -> float:
     return hi - lo
 
 
+def requests_to_narrow(max_tokens: int, width: float = NARROW) -> int:
+    """About the requests an arm needs before its acceptance interval over requests is narrower than `width` (versus
+    the control: a candidate as good as its control is told from it only once both are), at REQUEST_SD_32."""
+    sd, n = REQUEST_SD_32 * math.sqrt(32 / max(1, max_tokens)), 2
+    while stdtrit(n - 1, 0.975) * sd / math.sqrt(n) > width / 2:
+        n += 1
+    return n
+
+
+def window_lines(measured: int, distinct: int, dropped: int, source: str, max_tokens: int, paired: bool) -> list[str]:
+    """Said before measuring: how many requests a window can take, and where that is too few to tell a candidate as
+    good as its control from it (paired: both are planned)."""
+    lines = [f"prompts: at most {measured} measured per arm ({source!r} holds {distinct} distinct prompts)"]
+    if dropped:
+        lines.append(f"  {dropped} repeat(s) dropped: greedy decoding answers a repeated prompt identically, so a "
+                     "repeat is no new evidence; pass a larger set (--prompt-set) for more")
+    need = requests_to_narrow(max_tokens)
+    if paired and measured < need:
+        lines.append(f"  too few to settle a candidate as good as its control: both intervals must be narrower than "
+                     f"{NARROW:g}, about {need} requests each at {max_tokens} tokens (estimated, per-request spread "
+                     f"{REQUEST_SD_32:g} at 32 tokens); " + ("use a larger set or raise --max-tokens" if dropped
+                                                             else "raise --prompts or --max-tokens"))
+    return lines
+
+
 def next_step(prompts: list[int | None]) -> str:
     """The command that would settle every interval named: the most prompts any of them needs."""
     if any(p == 0 for p in prompts):
         return "rerun with more prompts or tokens (--prompts, --max-tokens)"
     known = [p for p in prompts if p]
-    return f"rerun with --prompts {max(known)} (or a budget that allows it)" if known else \
+    return f"rerun with --prompts {max(known)} from a set holding that many distinct prompts besides the warmup (or a " \
+        "budget that allows it)" if known else \
         "judge it against a control run beside it: more of the same measurement cannot settle it"
 
 

@@ -30,8 +30,9 @@ def test_frame_has_one_row_per_request_with_itl_list():
 
 
 def test_prompts_cycle_and_bad_sets_are_clear(tmp_path):
-    prompts = load_prompts("chat", 20)
+    prompts = load_prompts("math", 20)
     assert len(prompts) == 20 and prompts[16] == prompts[0] and len(set(prompts)) == 16
+    assert load_prompts("math", 20, repeat=False) == prompts[:16]
     with pytest.raises(SpecdiagError, match="shipped sets: chat"):
         load_prompts("nope", 1)
     bad = tmp_path / "p.jsonl"
