@@ -24,7 +24,7 @@ from prefect.exceptions import TerminationSignal  # noqa: E402
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings  # noqa: E402
 
 from flows.arm import Rider, remote_arm, run_arm
-from infra import spread, swap
+from infra import secrets, spread, swap
 from infra.arms import plan_arms, resolved_drafters, resolved_target, run_dir, shared_servers, validate_inputs
 from infra.config import PROJECT_ROOT, DrafterRef, NoControl, ProfileRef, SpecdiagError, load_profile
 from infra.fingerprint import digest
@@ -36,7 +36,7 @@ from tasks.inspect import findings_markdown, inspect_arms, position_limit
 from tasks.offline import offline_eval
 from tasks.plots import plots
 from tasks.report import report
-from tasks.reuse import fingerprints, newest_match, rerun_inputs, reuse_arm
+from tasks.reuse import PROFILE, fingerprints, newest_match, rerun_inputs, reuse_arm
 from tasks.record import ArmResult
 from tasks.verdict import speed_compared, speed_judged, verdict
 from tasks.verdict.settle import window_lines
@@ -76,8 +76,8 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
     experiment = tracker.experiment(cfg.name)
     title = f"{cfg.drafter} vs {cfg.control or 'no control'}"
     parent = tracker.start(experiment, title, {"specdiag.kind": "diagnosis", "specdiag.drafter": cfg.drafter or "none"})
-    tracker.params(parent, {"profile": cfg.name, "arms": ",".join(a.name for a in plan),
-                            "profile_json": cfg.model_dump_json()})
+    tracker.params(parent, {"profile": cfg.name, "arms": ",".join(a.name for a in plan)})
+    tracker.text(parent, cfg.model_dump_json(indent=1), PROFILE)  # whole, secrets as markers: --rerun reads it
     tracker.text(parent, "\n".join(json.dumps({"prompt": p}) for p in prompts) + "\n", "prompts.jsonl")  # --rerun
     with tracker.terminated(parent):
         target, drafters, workdir = resolved_target(cfg), resolved_drafters(plan), run_dir(cfg, parent)
@@ -319,8 +319,8 @@ def main(argv: list[str] | None = None, early=None) -> int:
         if early:
             early.stop()
         return 2
-    sets = args.sets + [f"{k}={json.dumps(v)}" for k, v in over.items()
-                        if v is not None and k not in ("drafter", "control", "arms")]
+    sets = secrets.hide_sets(args.sets + [f"{k}={json.dumps(v)}" for k, v in over.items()
+                                          if v is not None and k not in ("drafter", "control", "arms")])
     signal.signal(signal.SIGTERM, _terminated)  # SIGTERM ends like Ctrl-C (Prefect re-raises it here after its own)
     try:
         # checked by prepare() already, and a profile of the user's own may name drafters the form's choices lack

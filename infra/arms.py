@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Callable, Literal
 
-from infra import embedded, registry, swap, vllm
+from infra import embedded, registry, secrets, swap, vllm
 from infra.eagle3 import with_aux_ids, with_mapping
 from infra.executor import LocalExecutor, executor_for
 from infra.config import PROJECT_ROOT, BenchConfig, DrafterConfig, Profile, SpecdiagError
@@ -342,6 +342,6 @@ def plan_server(profile: Profile, arm: Arm, workdir: str, swappable: bool = Fals
         "host": profile.host.name,
     }
     if arm.spec and arm.spec.engine_env:
-        params["engine_env"] = json.dumps(arm.spec.engine_env, sort_keys=True)
+        params["engine_env"] = json.dumps(secrets.env(arm.spec.engine_env), sort_keys=True)
     return ServerPlan(arm.name, argv, env, profile.server_port, str(PurePosixPath(workdir) / f"{safe}.server.log"),
                       params)

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, StringConstraints, ValidationError, model_validator
+
+from infra import secrets
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +29,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# An engine environment. Dumped as JSON (MLflow's profile_json, Prefect's flow-run parameters, a spread arm's
+# parameters) its secret values are markers (infra/secrets.py); read back, each marked value is taken from this
+# process's environment (a spread worker's, a --rerun's), and every secret value is registered for redaction.
+Env = Annotated[dict[str, str], AfterValidator(secrets.restore), PlainSerializer(secrets.env, when_used="json")]
+
+
 class DrafterConfig(_Strict):
     """One speculative config: what goes into vLLM's --speculative-config."""
 
@@ -35,7 +43,7 @@ class DrafterConfig(_Strict):
     num_speculative_tokens: int = Field(default=4, ge=1, le=32)
     extra: dict[str, Any] = Field(default_factory=dict)
     # Environment for this arm's server only, e.g. an engine-side patch switched on for one arm.
-    engine_env: dict[str, str] = Field(default_factory=dict)
+    engine_env: Env = Field(default_factory=dict)
     # What this drafter reaches when served right (e.g. from its model card; note the source in a comment). A control
     # counts as known-good against this, or against its own offline acceptance: low against it means the engine.
     expected_acceptance: float | None = Field(default=None, ge=0, le=1)
@@ -80,7 +88,7 @@ class TargetConfig(_Strict):
 class EngineConfig(_Strict):
     kind: Literal["vllm"] = "vllm"
     python: str | None = None  # interpreter with vLLM; None = the embedded vLLM CPU virtualenv
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict)
     # vLLM >= 0.32 returns each request's own accepted/drafted counts per verify step (the acceptance intervals
     # over requests and acceptance by position in the sequence come from them); "none" for older engines.
     per_request_spec_metrics: Literal["none", "summary", "detailed"] = "detailed"
@@ -112,7 +120,7 @@ class HostConfig(_Strict):
     gpus: list[int] | None = None  # GPUs the server uses; None = all
     cpus: list[int] | None = None  # CPU cores the whole server is confined to (taskset; vLLM CPU binds its threads)
     server_port: int | None = Field(default=None, ge=1024, le=65535)  # the server's port here; None = target.port
-    env: dict[str, str] = Field(default_factory=dict)  # engine environment on this host, over engine.env
+    env: Env = Field(default_factory=dict)  # engine environment on this host, over engine.env
     stop_any_gpu_process: bool = False  # opt in: cleanup may stop processes this tool did not start
 
     @model_validator(mode="after")
@@ -210,6 +218,18 @@ class Profile(_Strict):
     reuse: ReuseConfig = Field(default_factory=ReuseConfig)
     swap: SwapConfig = Field(default_factory=SwapConfig)
     spread: SpreadConfig = Field(default_factory=SpreadConfig)
+    # Env keys whose values are secret besides those infra/secrets.py takes for secret (credential-like names, and
+    # any key that is no known engine tunable): redacted wherever recorded or logged.
+    secrets: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _mark_secrets(self) -> "Profile":
+        """The keys `secrets` names are secret from here on: their values too are redacted."""
+        secrets.mark(self.secrets)
+        for env in [self.engine.env, *(h.env for h in self.hosts.values()),
+                    *(d.engine_env for d in self.drafters.values())]:
+            secrets.restore(env)
+        return self
 
     @model_validator(mode="after")
     def _pick_host(self) -> "Profile":

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from infra import secrets
+
 
 @dataclass(frozen=True)
 class Completed:
@@ -88,7 +90,8 @@ def escalate(send, gone, grace_s: float, poll_s: float) -> bool:
 
 
 def shell_command(argv: list[str], env: dict[str, str]) -> str:
-    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    """The command as recorded and shown: secret env values as markers (infra/secrets.py)."""
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(secrets.env(env).items()))
     return (prefix + " " if prefix else "") + shlex.join(argv)
 
 

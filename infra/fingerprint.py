@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from infra import secrets
 from infra.config import Profile, SpecdiagError
 
 IDENTIFY = r'''
@@ -52,12 +53,13 @@ def fields(cfg: Profile, arm, target: str, prompts: list[str], ids: dict, judges
     if arm.spec:
         spec = {**arm.spec.model_dump(exclude={"model", "expected_acceptance"}),
                 "drafter": ids["paths"].get(arm.spec.model) if arm.spec.model else None}
+        spec["engine_env"] = secrets.env(spec["engine_env"])  # a secret's hash: the same token still matches
     bench = arm.bench_config(cfg).model_dump()
     return {
         "target": ids["paths"][target],
         "server_args": arm.server_args(cfg),
         "engine": {"kind": cfg.engine.kind, "version": ids["engine"], "python": cfg.engine_python or "embedded",
-                   "env": cfg.engine_env, "per_request_spec_metrics": cfg.engine.per_request_spec_metrics},
+                   "env": secrets.env(cfg.engine_env), "per_request_spec_metrics": cfg.engine.per_request_spec_metrics},
         "host": {"name": cfg.host.name, "kind": cfg.host.kind, "address": cfg.host.address, "gpus": cfg.host.gpus,
                  **({"cpus": cfg.host.cpus} if cfg.host.cpus else {})},  # only where set: earlier prints still match
         "prompts": hashlib.sha256("\0".join(prompts).encode()).hexdigest(),

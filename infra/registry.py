@@ -5,6 +5,7 @@ import json
 import os
 import time
 
+from infra import secrets
 from infra.embedded import cache_dir
 
 
@@ -16,7 +17,7 @@ def _dir():
 
 def remember(pid: int, pgid: int, arm: str, host: str, command: str, port: int | None = None) -> None:
     (_dir() / f"{host}-{pid}.json").write_text(json.dumps(
-        {"pid": pid, "pgid": pgid, "arm": arm, "host": host, "command": command, "started": time.time(),
+        {"pid": pid, "pgid": pgid, "arm": arm, "host": host, "command": secrets.redact(command), "started": time.time(),
          "owner_pid": os.getpid(), "port": port}))
 
 

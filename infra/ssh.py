@@ -1,6 +1,7 @@
 """The SSH executor (paramiko): LocalExecutor's calls, on a GPU host reached with `ssh user@host`.
 
-- Host keys are checked against known_hosts (RejectPolicy) unless the host config opts in to accepting them.
+- Host keys are checked against known_hosts, read as OpenSSH reads it and never written (infra/known_hosts.py);
+  a host config that opts in accepts an unknown key for that connection only.
 - Every command is one shlex-quoted string for the remote POSIX shell: paths with spaces or `;` stay one argument.
 - Output is drained while waiting, so a chatty command cannot fill the window and hang `recv_exit_status`.
 - Servers start detached (`setsid nohup ... < /dev/null &`): a dropped control connection does not stop them, and
@@ -21,8 +22,9 @@ from pathlib import Path, PurePosixPath
 
 import paramiko
 
+from infra import known_hosts
 from infra.config import HostConfig, SpecdiagError
-from infra.executor import Completed, Launched, escalate
+from infra.executor import Completed, Launched, escalate, shell_command
 
 DROPS = (OSError, EOFError, paramiko.SSHException)
 PGID_MARK = "specdiag-pgid="
@@ -62,12 +64,12 @@ class SshExecutor:
 
     # -- connection ------------------------------------------------------------------------------------
     def _connect_one(self, address: str, port: int, user: str, key: str | None, sock=None) -> paramiko.SSHClient:
-        known = Path(self.cfg.known_hosts).expanduser()
-        client = paramiko.SSHClient()
-        if known.exists():
-            client.load_host_keys(str(known))
-        client.set_missing_host_key_policy(
-            paramiko.AutoAddPolicy() if self.cfg.accept_unknown_host_keys else paramiko.RejectPolicy())
+        hosts = known_hosts.read(self.cfg.known_hosts)  # read only: paramiko never holds the file's name
+        known, client = hosts.path, paramiko.SSHClient()
+        for name, keys in hosts.keys.items():
+            for keytype, host_key in keys.items():
+                client.get_host_keys().add(name, keytype, host_key)
+        client.set_missing_host_key_policy(known_hosts.Policy(hosts, self.cfg.accept_unknown_host_keys, SpecdiagError))
         try:
             client.connect(address, port=port, username=user, key_filename=str(Path(key).expanduser()) if key else None,
                            timeout=self.cfg.connect_timeout_s, banner_timeout=self.cfg.connect_timeout_s,
@@ -79,6 +81,9 @@ class SshExecutor:
             if refused:
                 raise refused from None
             raise
+        if hosts.is_revoked(client.get_transport().get_remote_server_key()):
+            client.close()
+            raise SpecdiagError(f"host key of {user}@{address}:{port} is marked @revoked in {known}: not connecting")
         client.get_transport().set_keepalive(10)
         return client
 
@@ -202,7 +207,8 @@ class SshExecutor:
         if done.returncode != 0 or not done.stdout.strip().isdigit():
             raise SpecdiagError(f"launch on {self.host} failed: {done.stderr.strip() or done.stdout.strip()}")
         pid = int(done.stdout.strip())
-        return Launched(pid, self.pgid_of(pid) or pid, log_path, command)
+        return Launched(pid, self.pgid_of(pid) or pid, log_path,
+                        f"setsid nohup env {shell_command(argv, env)} > {log} 2>&1 < /dev/null")  # as recorded
 
     def is_alive(self, pid: int) -> bool:
         state = self._sh(f"ps -o stat= -p {int(pid)}").stdout.strip()

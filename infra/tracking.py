@@ -19,6 +19,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from infra.config import PROJECT_ROOT, SpecdiagError
+from infra.secrets import redact
 
 MAX_PARAM = 6000
 # A new sqlite store logs "Creating initial MLflow database tables..." to stderr on first use: on a new user's first
@@ -111,6 +112,9 @@ EXPERIMENT_KIND = "mlflow.experimentKind"  # MLflow 3's UI picks GenAI or model-
 NOTE = "mlflow.note.content"
 
 
+TEXT_SUFFIXES = (".log", ".txt", ".md", ".json", ".jsonl", ".html", ".csv", ".yaml", ".yml")
+
+
 class Tracker:
     def __init__(self, uri: str | None = None):
         self.uri = uri or tracking_uri()
@@ -133,7 +137,7 @@ class Tracker:
 
     def note(self, run_id: str, text: str) -> None:
         """The run's description: what its page in MLflow opens on."""
-        self.client.set_tag(run_id, NOTE, text)
+        self.client.set_tag(run_id, NOTE, redact(text))
 
     def start(self, experiment_id: str, name: str, tags: dict[str, str], parent: str | None = None) -> str:
         if parent:
@@ -141,7 +145,7 @@ class Tracker:
         return self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
 
     def params(self, run_id: str, params: dict[str, object]) -> None:
-        batch = [Param(k, str(v)[:MAX_PARAM]) for k, v in params.items()]
+        batch = [Param(k, redact(str(v))[:MAX_PARAM]) for k, v in params.items()]
         for i in range(0, len(batch), 100):
             self.client.log_batch(run_id, params=batch[i:i + 100])
 
@@ -152,14 +156,23 @@ class Tracker:
             self.client.log_batch(run_id, metrics=batch[i:i + 500])
 
     def tag(self, run_id: str, key: str, value: str) -> None:
-        self.client.set_tag(run_id, key, value)
+        self.client.set_tag(run_id, key, redact(value))
 
     def file(self, run_id: str, path: str | Path, subdir: str | None = None) -> None:
-        if path and Path(path).is_file():
+        """A file as an artifact; a text file (a server log, a report) with every secret value redacted."""
+        if not (path and Path(path).is_file()):
+            return
+        path = Path(path)
+        if path.suffix not in TEXT_SUFFIXES:
             self.client.log_artifact(run_id, str(path), subdir)
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = Path(tmp) / path.name
+            copy.write_text(redact(path.read_text(errors="replace")))
+            self.client.log_artifact(run_id, str(copy), subdir)
 
     def text(self, run_id: str, text: str, name: str) -> None:
-        self.client.log_text(run_id, text, name)
+        self.client.log_text(run_id, redact(text), name)
 
     def table(self, run_id: str, frame: pd.DataFrame, name: str) -> None:
         """`name` as CSV, plus MLflow's table artifact beside it (`<stem>.json`): shown as a table in the UI and

@@ -152,6 +152,9 @@ def reuse_arm(tracker: Tracker, found: Run, arm: Arm, experiment_id: str, parent
                      reused_from=f"{original[:8]} ({when})")
 
 
+PROFILE = "profile.json"  # a diagnosis's profile, whole (secret values as markers: infra/secrets.py)
+
+
 def rerun_inputs(tracker: Tracker, run_id: str, into: Path) -> tuple[str, list[str]]:
     """A recorded diagnosis's profile and prompt texts as files in INTO, and the settings that repeat it exactly:
     `--rerun RUN_ID` measures every arm again (no reuse) on the same prompts."""
@@ -164,10 +167,13 @@ def rerun_inputs(tracker: Tracker, run_id: str, into: Path) -> tuple[str, list[s
         raise SpecdiagError(f"run {run_id} is not a diagnosis" + (f": pass its diagnosis, --rerun {parent}" if parent
                                                                    else ""))
     names = {a.path for a in tracker.client.list_artifacts(run_id)}
-    if "prompts.jsonl" not in names or "profile_json" not in run.data.params:
+    if "prompts.jsonl" not in names or not (PROFILE in names or "profile_json" in run.data.params):
         raise SpecdiagError(f"diagnosis {run_id} was recorded without its profile or prompts: it cannot be repeated")
     into.mkdir(parents=True, exist_ok=True)
-    profile = into / "profile.yaml"
-    profile.write_text(run.data.params["profile_json"])
+    profile = into / "profile.yaml"  # JSON is YAML; secret env values are markers, taken from this environment
+    if PROFILE in names:
+        profile.write_text(Path(tracker.client.download_artifacts(run_id, PROFILE, str(into))).read_text())
+    else:  # recorded before 2026-12-07: a parameter, cut at MLflow's limit for long profiles
+        profile.write_text(run.data.params["profile_json"])
     tracker.client.download_artifacts(run_id, "prompts.jsonl", str(into))
     return str(profile), [f"bench.prompts={into / 'prompts.jsonl'}", "reuse.enabled=false"]

@@ -31,9 +31,51 @@ def test_unknown_host_key_is_refused_with_the_fix(host, tmp_path):
     empty.write_text("")
     with pytest.raises(SpecdiagError, match=r"host key of root@127.0.0.1:\d+ is unknown.*ssh-keyscan.*accept_unknown"):
         SshExecutor(host.model_copy(update={"known_hosts": str(empty)})).run(["true"], 10)
+    empty.write_text("# ours, kept as written\n")
     opted_in = SshExecutor(host.model_copy(update={"known_hosts": str(empty), "accept_unknown_host_keys": True}))
     assert opted_in.run(["echo", "ok"], 10).stdout.strip() == "ok"
     opted_in.close()
+    # trusted for that connection only: known_hosts is never written (OpenSSH would trust the key from then on)
+    assert empty.read_text() == "# ours, kept as written\n"
+
+
+def _connects(host, known_hosts: Path, text: str) -> str:
+    """'ok', or the one-line refusal, with known_hosts holding `text`; the file is read, never written."""
+    known_hosts.write_text(text)
+    try:
+        ex = SshExecutor(host.model_copy(update={"known_hosts": str(known_hosts)}))
+        try:
+            return ex.run(["echo", "ok"], 10).stdout.strip()
+        finally:
+            ex.close()
+    except SpecdiagError as exc:
+        assert "\n" not in str(exc), exc
+        return str(exc)
+    finally:
+        assert known_hosts.read_text() == text
+
+
+def test_every_known_hosts_form_openssh_reads_is_read_or_refused_in_one_line(host, sshd, tmp_path):
+    name, keytype, key = Path(sshd["known_hosts"]).read_text().split()[:3]  # [127.0.0.1]:PORT ssh-... KEY
+    port = name.rsplit(":", 1)[1]
+    other = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    o_type, o_key = other.with_suffix(".pub").read_text().split()[:2]
+    known = tmp_path / "known_hosts"
+    ca = f"@cert-authority *.example.com {o_type} {o_key}\n"
+    assert _connects(host, known, f"# comment\n{ca}\n{name} {keytype} {key} root@box\n") == "ok"  # beside a CA line
+    hashed = tmp_path / "hashed"
+    hashed.write_text(f"{name} {keytype} {key}\n")
+    subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(hashed)], check=True, capture_output=True)
+    assert hashed.read_text().startswith("|1|")
+    assert _connects(host, known, hashed.read_text()) == "ok"
+    assert _connects(host, known, f"[127.0.0.?]:{port},other.example {keytype} {key}\n") == "ok"  # a pattern
+    assert "is unknown" in _connects(host, known, f"[127.0.0.*]:{port},![127.0.0.1]:{port} {keytype} {key}\n")
+    assert "does not match" in _connects(host, known, f"[127.0.0.*]:{port} {o_type} {o_key}\n")  # another key
+    assert "@revoked" in _connects(host, known, f"{name} {keytype} {key}\n@revoked * {keytype} {key}\n")
+    assert "@cert-authority" in _connects(host, known, f"@cert-authority [127.0.0.1]:* {o_type} {o_key}\n")
+    assert ":2 is not a known_hosts line" in _connects(host, known, f"{name} {keytype} {key}\n@markme x y z\n")
+    assert ":1: the key is not base64" in _connects(host, known, f"{name} {keytype} not*base64\n")
 
 
 def test_wrong_key_is_a_clear_error(host, tmp_path):

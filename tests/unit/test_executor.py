@@ -2,6 +2,8 @@ import os
 import socket
 import time
 
+import pytest
+
 from infra.executor import LocalExecutor, shell_command
 
 
@@ -10,8 +12,10 @@ def test_launch_records_command_and_stop_group_kills_children(tmp_path):
     log = tmp_path / "x.log"
     # a parent that forks a child which ignores SIGTERM: both must be gone after stop_group
     script = "trap '' TERM; (trap '' TERM; sleep 300) & echo started; sleep 300"
-    proc = ex.launch(["bash", "-c", script], {"A": "b c"}, str(log))
-    assert proc.command.startswith("A='b c' bash -c ")
+    proc = ex.launch(["bash", "-c", script], {"VLLM_A": "b c", "HF_TOKEN": "hf_x"}, str(log))
+    # as recorded: an engine tunable as it is, a credential as its marker (infra/secrets.py)
+    assert proc.command.startswith("HF_TOKEN='<redacted:")
+    assert "VLLM_A='b c' bash -c " in proc.command and "hf_x" not in proc.command
     for _ in range(50):
         if len(ex.group_pids(proc.pgid)) >= 2:
             break
@@ -43,7 +47,7 @@ def test_port_free():
 
 def test_shell_command_quotes():
     assert shell_command(["echo", "a b;c"], {}) == "echo 'a b;c'"
-    assert os.path.basename(shell_command(["x"], {"K": "v"})) == "K=v x"
+    assert shell_command(["x"], {"VLLM_K": "v"}) == "VLLM_K=v x"
 
 
 def test_local_fetch_and_put_onto_the_same_path_are_no_ops(tmp_path):
@@ -57,3 +61,35 @@ def test_local_fetch_and_put_onto_the_same_path_are_no_ops(tmp_path):
     assert ex.put(report, str(report)) == str(report) and report.read_text() == '{"arms": {}}'
     copy = ex.fetch(str(report), tmp_path / "elsewhere" / "r.json")  # a real copy still copies
     assert copy.read_text() == '{"arms": {}}' and copy != report
+
+
+def test_secret_values_are_markers_wherever_recorded(tmp_path, monkeypatch):
+    """infra/secrets.py: which env values are secret, the marker a record carries, the text and log redaction, and a
+    profile read back from its JSON (a spread worker's, a --rerun's) taking each marked value from its environment."""
+    from infra import secrets
+    from infra.config import Profile, load_profile
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)  # as it was, after the test (hide_sets exports it)
+    assert secrets.secret_key("HF_TOKEN") and secrets.secret_key("VLLM_API_KEY") and secrets.secret_key("ODD")
+    assert not secrets.secret_key("VLLM_CPU_KVCACHE_SPACE") and not secrets.secret_key("TOKENIZERS_PARALLELISM")
+    sets = secrets.hide_sets(["engine.env.HF_TOKEN=hf_unitCANARY0001", "bench.max_tokens=8"])
+    assert sets == [f"engine.env.HF_TOKEN={secrets.marker('hf_unitCANARY0001')}", "bench.max_tokens=8"]
+    cfg = load_profile("demo", sets=sets)  # the marker, taken from the environment hide_sets put it in
+    assert cfg.engine.env["HF_TOKEN"] == "hf_unitCANARY0001"
+    assert "hf_unitCANARY0001" not in cfg.model_dump_json() and cfg.model_dump()["engine"]["env"]["HF_TOKEN"]
+    assert secrets.redact("x hf_unitCANARY0001 y") == f"x {secrets.marker('hf_unitCANARY0001')} y"
+    import logging
+    record = logging.getLogger("specdiag.test").makeRecord("n", logging.INFO, "f", 1, "got %s", ("hf_unitCANARY0001",),
+                                                           None)
+    assert "hf_unitCANARY0001" not in record.getMessage()
+    monkeypatch.delenv("HF_TOKEN")
+    with pytest.raises(Exception, match="export HF_TOKEN"):
+        Profile.model_validate_json(cfg.model_dump_json())
+    monkeypatch.setenv("HF_TOKEN", "hf_other")
+    with pytest.raises(Exception, match="not the value recorded"):
+        Profile.model_validate_json(cfg.model_dump_json())
+    from infra import registry
+    monkeypatch.setenv("SPECDIAG_CACHE", str(tmp_path))
+    registry.remember(1, 1, "a", "unit-secrets", "HF_TOKEN=hf_unitCANARY0001 vllm serve")
+    assert all("hf_unitCANARY0001" not in e["command"] for e in registry.launched("unit-secrets"))
+    registry.forget(1, "unit-secrets")
