@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect import flow
+from prefect.runtime import deployment as prefect_deployment
 from pydantic import TypeAdapter
 
 from infra import vllm
@@ -23,6 +24,7 @@ from infra.config import Profile
 from infra.executor import executor_for
 from infra.fingerprint import digest
 from infra.hostlock import host_lock
+from infra import spread
 from infra.spread import RemoteRuns
 from infra.tracking import Tracker, interruption, signal_name
 from tasks.acceptance import request_acceptance, request_metrics
@@ -66,6 +68,9 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
     riders: arms measured on this arm's server after it, each in its own run. Returns this arm's result, then each
     rider's. compared: a baseline's, measured after the drafters: the arms whose speedup over it its window settles
     (tasks/verdict/asks.speed_compared); None where it is measured first."""
+    if prefect_deployment.id:  # a worker's flow run (spread): its code-choosing settings are its own profile's
+        spread.vet(cfg, [arm, *(r.arm for r in riders or [])])
+        print(f"[{arm.name}] engine, hosts, target and drafter env checked against this worker's {cfg.source}")
     tracker, where = Tracker(tracking_uri), (experiment_id, parent_run_id)
     first = Window.start(tracker, arm, where, offline, fingerprint)
     windows, server, ready = [first], None, False

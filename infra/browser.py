@@ -2,6 +2,7 @@
 tests assert on and what docs/screenshots.py captures."""
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -10,6 +11,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from secrets import token_hex
 
 import httpx
 
@@ -64,14 +66,26 @@ def service(argv: list[str], log: Path, env: dict | None = None, cwd: Path | Non
 
 
 @contextmanager
-def mlflow_server(store_uri: str, timeout_s: float = 120, artifacts: Path | None = None):
+def mlflow_server(store_uri: str, timeout_s: float = 120, artifacts: Path | None = None,
+                  auth: tuple[str, str] | None = None):
     """`mlflow server` on the store, on a free local port; yields its URL. Artifacts where its experiments say, and
-    those of experiments its clients create in ARTIFACTS (it serves them: clients elsewhere write through it)."""
+    those of experiments its clients create in ARTIFACTS (it serves them: clients elsewhere write through it).
+    auth: (user, password): MLflow's basic-auth app, that user its admin; clients pass MLFLOW_TRACKING_USERNAME and
+    MLFLOW_TRACKING_PASSWORD."""
     port = free_port()
     log = Path(store_uri.removeprefix("sqlite:///")).with_suffix(".server.log")
     served = ["--artifacts-destination", str(artifacts)] if artifacts else []
-    with service([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store_uri, *served,
-                  "--host", "127.0.0.1", "--port", str(port), "--workers", "1"], log) as proc:
+    env, app = dict(os.environ), []
+    if auth:
+        ini = log.with_name("basic_auth.ini")
+        ini.write_text(f"[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
+                       f"database_uri = sqlite:///{log.with_name('basic_auth.db')}\nadmin_username = {auth[0]}\n"
+                       "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+        env.update(MLFLOW_AUTH_CONFIG_PATH=str(ini), MLFLOW_AUTH_ADMIN_PASSWORD=auth[1],
+                   MLFLOW_FLASK_SERVER_SECRET_KEY=token_hex(32))  # CSRF protection of the auth app's forms
+        app = ["--app-name", "basic-auth"]
+    with service([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store_uri, *served, *app,
+                  "--host", "127.0.0.1", "--port", str(port), "--workers", "1"], log, env) as proc:
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/health", proc, timeout_s, f"mlflow server (see {log})")
         yield url

@@ -34,6 +34,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="run the servers on this host of the profile's inventory (e.g. over SSH)")
     p.add_argument("--hosts", nargs="+", metavar="HOST", help="spread the arms over these hosts of the inventory, "
                    "one arm per host at a time, through Prefect workers (spread.hosts; see the README)")
+    p.add_argument("--insecure-services", action="store_true", help="spread over a Prefect or MLflow server that "
+                   "answers without credentials (refused by default: see docs/services.md)")
     p.add_argument("--prompt-set", metavar="NAME|PATH", help="chat, math, code, long, or a JSONL / ShareGPT file")
     p.add_argument("--fixed", action="store_true", help="measure every prompt of --prompts in every arm; by default "
                    "an arm ends once its numbers settle what the verdict asks of it, --prompts being the cap")
@@ -77,6 +79,7 @@ def overrides(args: argparse.Namespace) -> dict:
            "bench.max_bench_s": args.budget_s,
            "force": args.force or None, "confirm": args.confirm or None,
            "reuse.enabled": False if args.fresh else None, "swap.enabled": False if args.no_swap else None, "reuse.max_age_h": args.max_age,
+           "spread.insecure_services": args.insecure_services or None,
            "offline.hidden_states": args.hidden_states}
     if args.no_control:
         out["control"] = ""

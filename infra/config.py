@@ -190,6 +190,9 @@ class SpreadConfig(_Strict):
     hosts: list[str] = Field(default_factory=list)  # hosts of the inventory; empty: in order, in this process
     pool: str = "specdiag"
     deployment: str = "arm/spread"  # the arm flow's deployment (prefect.yaml)
+    # Spread over a Prefect server or an MLflow server that answers without credentials (--insecure-services): anyone
+    # who reaches them can start arms, and so run code on the workers and, through their SSH keys, on the hosts.
+    insecure_services: bool = False
 
 
 class Profile(_Strict):
@@ -221,6 +224,9 @@ class Profile(_Strict):
     # Env keys whose values are secret besides those infra/secrets.py takes for secret (credential-like names, and
     # any key that is no known engine tunable): redacted wherever recorded or logged.
     secrets: list[str] = Field(default_factory=list)
+    # The YAML file it was read from (relative to the project where it lies inside): a spread worker checks a run's
+    # code-choosing settings against its own copy of it (infra/spread.vet)
+    source: str | None = None
 
     @model_validator(mode="after")
     def _mark_secrets(self) -> "Profile":
@@ -325,6 +331,8 @@ def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None,
         raise SpecdiagError(f"profile {path} holds a {type(data).__name__}, not a mapping of sections: write it as "
                             f"'target:', 'drafters:', 'bench:' ... (see infra/profiles/demo.yaml)")
     data.setdefault("name", path.stem)
+    resolved = path.resolve()
+    data["source"] = str(resolved.relative_to(PROJECT_ROOT) if resolved.is_relative_to(PROJECT_ROOT) else resolved)
     for key, value in (overrides or {}).items():
         if value is not None:
             _set_dotted(data, key, json.dumps(value))

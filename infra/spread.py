@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Callable, TypeVar
 
+import httpx
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
@@ -24,7 +25,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Cancelling
 
-from infra.config import PROJECT_ROOT, Profile, SpecdiagError
+from infra.config import PROJECT_ROOT, Profile, SpecdiagError, load_profile
 
 POLL_S = 1.0  # how often a dispatched arm's flow run is read back
 WORKER_SILENT_S = 90.0  # a queue polled longer ago than this has no live worker
@@ -52,6 +53,8 @@ def check(cfg: Profile, tracking_uri: str) -> None:
                             f"{tracking_uri}: start one (`mlflow server --backend-store-uri sqlite:///mlflow.db "
                             "--artifacts-destination ./mlartifacts --host 0.0.0.0`) and set MLFLOW_TRACKING_URI")
     spread = cfg.spread
+    if not spread.insecure_services:
+        refuse_open(PREFECT_API_URL.value(), tracking_uri)
     with get_client(sync_client=True) as client:
         try:
             client.read_deployment_by_name(spread.deployment)
@@ -62,6 +65,52 @@ def check(cfg: Profile, tracking_uri: str) -> None:
     if silent:
         raise SpecdiagError(f"no worker serves host {silent[0]}: work queue {queue_name(silent[0])} of pool "
                             f"{spread.pool} is not polled. Start one: {worker_command(spread.pool, silent[0])}")
+
+
+def refuse_open(api_url: str, tracking_uri: str) -> None:
+    """A Prefect or MLflow server that answers a request without credentials lets anyone who reaches it start arms,
+    and so run code on the workers and the hosts: refused, naming the fix."""
+    probes = {"Prefect server": (f"{api_url.rstrip('/')}/admin/version", "PREFECT_SERVER_API_AUTH_STRING on the "
+                                 "server, PREFECT_API_AUTH_STRING here and on each worker"),
+              "MLflow server": (f"{tracking_uri.rstrip('/')}/api/2.0/mlflow/experiments/search?max_results=1",
+                                "`mlflow server --app-name basic-auth`, MLFLOW_TRACKING_USERNAME and "
+                                "MLFLOW_TRACKING_PASSWORD here and on each worker")}
+    for name, (url, fix) in probes.items():
+        try:
+            status = httpx.get(url, timeout=10).status_code  # no credentials, on purpose
+        except httpx.HTTPError as exc:
+            raise SpecdiagError(f"the {name} at {url} does not answer: {exc}") from None
+        if status < 400:
+            raise SpecdiagError(f"the {name} at {url} answers without credentials: anyone who reaches it can run "
+                                f"code on the workers and hosts. Turn on its authentication ({fix}; "
+                                "docs/services.md), or pass --insecure-services on a network you trust")
+
+
+def vet(cfg: Profile, arms: list) -> None:
+    """On a worker: a run's parameters may not choose code. What does (the engine's Python and env, the hosts and their
+    settings, the target's model and server args such as --trust-remote-code, a drafter's engine_env) must be what
+    the worker's own copy of the profile says; anyone who can start a flow run could otherwise run code here and,
+    through this worker's SSH keys, on the hosts."""
+    if not cfg.source or not (PROJECT_ROOT / cfg.source).exists():
+        raise SpecdiagError(f"this worker has no profile {cfg.source!r} (under {PROJECT_ROOT}): a spread arm runs only "
+                            "from a profile on the worker's own disk; copy it there")
+    disk = load_profile(str(PROJECT_ROOT / cfg.source))
+    host = disk.hosts.get(cfg.host.name)
+    drafters = {a.name: (a.spec.engine_env if a.spec else {}) for a in arms}
+    expected = {a.name: disk.drafters[a.drafter].engine_env if a.drafter in disk.drafters else {} for a in arms}
+    checks = {"engine": (cfg.engine, disk.engine), "hosts": (cfg.hosts, disk.hosts), "host": (cfg.host, host),
+              "target.model": (cfg.target.model, disk.target.model), "target.args": (cfg.target.args, disk.target.args),
+              "drafters' engine_env": (drafters, expected)}
+    differ = [name for name, (asked, own) in checks.items() if _plain(asked) != _plain(own)]
+    if differ:
+        raise SpecdiagError(f"refused: this run's {', '.join(differ)} differ from the worker's profile {cfg.source}; "
+                            "settings that choose code come only from the profile on the worker's disk")
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value.model_dump() if hasattr(value, "model_dump") else value
 
 
 def unpolled(pool: str, hosts: list[str]) -> list[str]:

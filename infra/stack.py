@@ -12,7 +12,7 @@ import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
 from infra.browser import free_port, service, stop, wait_http
 from infra.config import PROJECT_ROOT, SpecdiagError
@@ -27,10 +27,12 @@ def _prefect(env: dict, *args: str) -> None:
 
 
 @contextmanager
-def prefect_server(home: Path, timeout_s: float = 180):
-    """`prefect server start` with its own PREFECT_HOME (database), on a free local port; yields its API URL."""
+def prefect_server(home: Path, timeout_s: float = 180, auth: str | None = None):
+    """`prefect server start` with its own PREFECT_HOME (database), on a free local port; yields its API URL.
+    auth: "user:password": the server's API auth (clients and workers pass PREFECT_API_AUTH_STRING)."""
     port = free_port()
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           **({"PREFECT_SERVER_API_AUTH_STRING": auth} if auth else {})}
     env.pop("PREFECT_API_URL", None)
     home.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
@@ -41,10 +43,11 @@ def prefect_server(home: Path, timeout_s: float = 180):
 
 
 @contextmanager
-def workers(api_url: str, pool: str, hosts: list[str], logs: Path, timeout_s: float = 120):
-    """The pool, the arm deployment, and one worker per host polling its queue; yields once every queue is polled."""
+def workers(api_url: str, pool: str, hosts: list[str], logs: Path, timeout_s: float = 120, env: dict | None = None):
+    """The pool, the arm deployment, and one worker per host polling its queue; yields once every queue is polled.
+    env: more of the workers' environment (the services' credentials: PREFECT_API_AUTH_STRING, MLflow's)."""
     env = {**os.environ, "PREFECT_API_URL": api_url, "SPECDIAG_HOME": str(PROJECT_ROOT), "PYTHONUNBUFFERED": "1",
-           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **(env or {})}
     _prefect(env, "work-pool", "create", pool, "--type", "process", "--overwrite")
     _prefect(env, "--no-prompt", "deploy", "--name", "spread")
     logs.mkdir(parents=True, exist_ok=True)
@@ -55,7 +58,8 @@ def workers(api_url: str, pool: str, hosts: list[str], logs: Path, timeout_s: fl
                 [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--work-queue", queue_name(host),
                  "--limit", "1", "--name", f"specdiag-{host}"], logs / f"worker-{host}.log", env, PROJECT_ROOT))
         deadline = time.monotonic() + timeout_s
-        with temporary_settings({PREFECT_API_URL: api_url}):
+        auth = {PREFECT_API_AUTH_STRING: env["PREFECT_API_AUTH_STRING"]} if env.get("PREFECT_API_AUTH_STRING") else {}
+        with temporary_settings({PREFECT_API_URL: api_url, **auth}):
             while unpolled(pool, hosts):  # as spread.check asks before a diagnosis
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"workers did not poll their queues in {timeout_s:.0f} s (see {logs})")

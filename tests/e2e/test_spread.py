@@ -4,18 +4,21 @@ The hosts are `local` and the loopback sshd (tests/ssh), each server pinned to i
 arms run by its own `prefect worker` process on its own work queue. The same diagnosis run in order on one host
 (the session's demo diagnosis, tests/conftest.py) gives the same verdict."""
 from pathlib import Path
+from secrets import token_urlsafe
+
+import httpx
 
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName, FlowRunFilter
-from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
 from infra import embedded
 from infra.browser import mlflow_server
 from infra.config import PROFILES_DIR
-from infra.stack import workers
+from infra.stack import prefect_server as prefect_server_at, workers
 from tests.conftest import diagnose
 from tests.ssh.conftest import sshd  # noqa: F401  (the loopback host)
 
@@ -37,26 +40,40 @@ def spread_profile(sshd, tmp_path: Path) -> str:  # noqa: F811
 
 
 def test_demo_diagnosis_spread_over_two_hosts_by_prefect_workers(prefect_server, demo, sshd,  # noqa: F811
-                                                                  tmp_path, no_servers_left):
-    api, profile = PREFECT_API_URL.value(), spread_profile(sshd, tmp_path)
-    with mlflow_server(f"sqlite:///{tmp_path}/mlflow.db", artifacts=tmp_path / "artifacts") as tracking, \
-            workers(api, "specdiag", ["local", "sshbox"], tmp_path / "workers"):
-        done = diagnose(tracking, "--profile", profile, "--hosts", "local", "sshbox", "--fresh", timeout=1200)
-        assert done.returncode == 0, done.output[-4000:]
+                                                                  tmp_path, no_servers_left, monkeypatch):
+    """The services run with their own authentication, as docs/services.md starts them: a request without
+    credentials is refused by both, and so is a diagnosis that would spread over an open one."""
+    profile, prefect_auth, mlflow_auth = spread_profile(sshd, tmp_path), f"specdiag:{token_urlsafe(16)}", \
+        ("specdiag", token_urlsafe(16))
+    creds = {"PREFECT_API_AUTH_STRING": prefect_auth, "MLFLOW_TRACKING_USERNAME": mlflow_auth[0],
+             "MLFLOW_TRACKING_PASSWORD": mlflow_auth[1]}
+    with prefect_server_at(tmp_path / "prefect", auth=prefect_auth) as api, \
+            mlflow_server(f"sqlite:///{tmp_path}/mlflow.db", artifacts=tmp_path / "artifacts", auth=mlflow_auth) \
+            as tracking, workers(api, "specdiag", ["local", "sshbox"], tmp_path / "workers", env=creds):
+        for url in (f"{api}/admin/version", f"{tracking}/api/2.0/mlflow/experiments/search?max_results=1"):
+            assert httpx.get(url, timeout=10).status_code == 401, url  # no credentials, no answer
+        for key, value in creds.items():
+            monkeypatch.setenv(key, value)  # the diagnosis's, and this test's MLflow reads
+        with temporary_settings({PREFECT_API_URL: api, PREFECT_API_AUTH_STRING: prefect_auth}):
+            done = diagnose(tracking, "--profile", profile, "--hosts", "local", "sshbox", "--fresh", timeout=1200)
+            assert done.returncode == 0, done.output[-4000:]
+            with get_client(sync_client=True) as client:
+                flow_runs = client.read_flow_runs(deployment_filter=DeploymentFilter(
+                    name=DeploymentFilterName(any_=["spread"])), flow_run_filter=FlowRunFilter())
         parent, arms = done.parent, done.arms
         artifacts = {n: {a.path for a in MlflowClient(tracking).list_artifacts(r.info.run_id)} for n, r in arms.items()}
     assert set(arms) == set(demo.arms) == {"baseline", "smol-permuted", "smol-self"}
     # every arm was measured by a worker, on both hosts, recorded through the one tracking server
     hosts = {name: run.data.params["host"] for name, run in arms.items()}
     assert set(hosts.values()) == {"local", "sshbox"}, hosts
-    with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
-        flow_runs = client.read_flow_runs(deployment_filter=DeploymentFilter(
-            name=DeploymentFilterName(any_=["spread"])), flow_run_filter=FlowRunFilter())
     # one flow run per server: smol-permuted has smol-self's shapes, so it is swapped into that server, on its host
     assert arms["smol-permuted"].data.tags["specdiag.served"] == f"swapped into {arms['smol-self'].info.run_id}"
     assert hosts["smol-permuted"] == hosts["smol-self"]
     assert sorted(r.state.type.value for r in flow_runs) == ["COMPLETED"] * 2
     assert sorted(r.work_queue_name for r in flow_runs) == sorted(f"host-{hosts[a]}" for a in ("baseline", "smol-self"))
+    # each worker checked the run's code-choosing settings against its own copy of the profile before serving
+    assert all("checked against this worker's" in (tmp_path / "workers" / f"worker-{h}.log").read_text()
+               for h in set(hosts.values()))
     # each measured beside the others: its early stop learns their numbers from MLflow as they end (tasks/reuse.py)
     assert all(r.parameters.get("beside") is True for r in flow_runs), [r.parameters for r in flow_runs]
     for name, run in arms.items():

@@ -64,11 +64,41 @@ def test_spreading_needs_a_prefect_server_and_a_tracking_server(prefect_server):
         spread.check(cfg, "http://127.0.0.1:5000")
     with pytest.raises(SpecdiagError, match="mlflow server --backend-store-uri"):
         spread.check(cfg, "sqlite:///mlflow.db")
+    # the session's Prefect server answers without credentials: refused, naming the fix and the way around it
+    with pytest.raises(SpecdiagError, match="Prefect server at .* answers without credentials.*"
+                                            "PREFECT_API_AUTH_STRING.*--insecure-services"):
+        spread.check(cfg, "http://127.0.0.1:5000")
     # a name no test deploys: the session's Prefect server may hold arm/spread already (tests/e2e/test_spread.py)
-    cfg = load_profile("demo", sets=TWO_HOSTS + ["spread.deployment=arm/never-deployed"])
+    cfg = load_profile("demo", sets=TWO_HOSTS + ["spread.deployment=arm/never-deployed",
+                                                 "spread.insecure_services=true"])
     with pytest.raises(SpecdiagError, match="prefect --no-prompt deploy --name never-deployed"):
         spread.check(cfg, "http://127.0.0.1:5000")
     assert spread.unpolled("never-created-pool", ["gpu1", "gpu2"]) == ["gpu1", "gpu2"]  # no queue, no worker
+
+
+def test_a_worker_takes_code_choosing_settings_only_from_its_own_profile(tmp_path):
+    """A flow run of the arm deployment whose parameters change the engine's Python, its env, a host or the target's
+    server args (--trust-remote-code) is refused by the worker before anything starts: anyone who can create a flow
+    run could otherwise run code on it and, through its SSH keys, on the hosts."""
+    import yaml
+
+    from infra.arms import plan_arms
+    from infra.config import PROFILES_DIR
+
+    own = yaml.safe_load((PROFILES_DIR / "demo.yaml").read_text())
+    own["hosts"] = {"gpu1": {"kind": "ssh", "address": "10.0.0.1"}, "gpu2": {"kind": "ssh", "address": "10.0.0.2"}}
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(own))
+    cfg = load_profile(str(path), sets=["spread.hosts=[gpu1, gpu2]", "bench.max_tokens=8"])
+    spread.vet(cfg.on_host("gpu1"), plan_arms(cfg))  # as the profile on this disk says (benchmark settings aside)
+    forged = ["engine.python=/tmp/evil/python", "engine.env.LD_PRELOAD=/tmp/evil.so", "hosts.gpu1.address=10.6.6.6",
+              'target.args=["--trust-remote-code"]', "drafters.smol-permuted.engine_env.VLLM_PLUGINS=evil"]
+    for forged_set in forged:
+        bad = load_profile(str(path), sets=["spread.hosts=[gpu1, gpu2]", forged_set])
+        with pytest.raises(SpecdiagError, match="refused: this run's .* differ from the worker's profile"):
+            spread.vet(bad.on_host("gpu1"), plan_arms(bad))
+    with pytest.raises(SpecdiagError, match="no profile 'elsewhere.yaml'"):
+        spread.vet(cfg.model_copy(update={"source": "elsewhere.yaml"}), plan_arms(cfg))
 
 
 def test_a_confirm_arm_of_a_spread_diagnosis_goes_to_a_spread_hosts_worker(monkeypatch, tmp_path):
