@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from secrets import token_urlsafe
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -91,9 +92,13 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        with loopback_sshd(tmp / "sshd") as sshd, prefect_server(tmp / "prefect") as api, \
-                mlflow_server(f"sqlite:///{tmp}/mlflow.db", artifacts=tmp / "artifacts") as tracking, \
-                workers(api, "specdiag", ["local", "loop"], tmp / "workers"):
+        prefect_auth, mlflow_auth = f"specdiag:{token_urlsafe(16)}", ("specdiag", token_urlsafe(16))
+        creds = {"PREFECT_API_AUTH_STRING": prefect_auth, "MLFLOW_TRACKING_USERNAME": mlflow_auth[0],
+                 "MLFLOW_TRACKING_PASSWORD": mlflow_auth[1]}  # the services as docs/services.md runs them
+        os.environ.update(creds)  # this script's own MLflow reads
+        with loopback_sshd(tmp / "sshd") as sshd, prefect_server(tmp / "prefect", auth=prefect_auth) as api, \
+                mlflow_server(f"sqlite:///{tmp}/mlflow.db", artifacts=tmp / "artifacts", auth=mlflow_auth) as tracking, \
+                workers(api, "specdiag", ["local", "loop"], tmp / "workers", env=creds):
             env = {**os.environ, "PREFECT_API_URL": api, "MLFLOW_TRACKING_URI": tracking, "PYTHONUNBUFFERED": "1"}
             profile = two_host_profile(sshd, tmp / "twohosts.yaml")
             common = ["--profile", profile, "--control", args.control]
