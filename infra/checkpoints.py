@@ -131,15 +131,27 @@ def read_json(fs, file: str) -> dict:
     return data
 
 
+MAX_HEADER = 100_000_000  # the safetensors format's own bound on its JSON header
+
+
 def safetensors_header(fs, file: str) -> dict[str, TensorRef]:
+    """A corrupt or hostile header (a size past the format's bound or the file's end, JSON that is no header) is
+    that checkpoint's one-line SpecdiagError, never a read of gigabytes or a traceback."""
     with fs.open(file) as f:
-        size = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(size))
-    out = {}
-    for key, meta in header.items():
-        if key != "__metadata__":
-            out[key] = TensorRef(file, meta["dtype"], tuple(meta["shape"]), 8 + size + meta["data_offsets"][0])
-    return out
+        raw = f.read(8)
+        size = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
+        if not 0 < size <= MAX_HEADER:
+            raise SpecdiagError(f"{file} is no safetensors file: its header size is {size} bytes (a corrupt or "
+                                f"truncated checkpoint; the format allows 1 to {MAX_HEADER})")
+        text = f.read(size)
+    try:
+        if len(text) < size:
+            raise ValueError(f"the file ends {size - len(text)} bytes into its {size}-byte header")
+        header = json.loads(text)
+        return {key: TensorRef(file, meta["dtype"], tuple(meta["shape"]), 8 + size + meta["data_offsets"][0])
+                for key, meta in header.items() if key != "__metadata__"}
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise SpecdiagError(f"{file} has a corrupt safetensors header: {type(exc).__name__}: {exc}") from None
 
 
 def _bin_refs(file: str) -> dict[str, TensorRef]:
@@ -161,6 +173,10 @@ def tensor_index(fs, path: str, wanted=None) -> dict[str, TensorRef]:
     index = next((f for f in fs.glob(_join(path, "*.index.json"))), None)
     if index and wanted is not None:
         weight_map = read_json(fs, index).get("weight_map", {})
+        outside = [f for f in set(weight_map.values()) if not _inside(f)]
+        if outside:
+            raise SpecdiagError(f"{index} maps tensors to {outside[0]!r}, outside the checkpoint folder: a weight_map "
+                                "names files of its own folder only")
         files = sorted({_join(path, f) for k, f in weight_map.items() if wanted(k)})
     out: dict[str, TensorRef] = {}
     for f in files:
@@ -172,6 +188,13 @@ def tensor_index(fs, path: str, wanted=None) -> dict[str, TensorRef]:
         else:
             out.update(_bin_refs(f))
     return out if wanted is None else {k: v for k, v in out.items() if wanted(k)}
+
+
+def _inside(name) -> bool:
+    """A weight_map file name that stays in the checkpoint's folder (Transformers writes bare shard names)."""
+    parts = PurePosixPath(str(name)).parts
+    return isinstance(name, str) and bool(parts) and not PurePosixPath(name).is_absolute() and ".." not in parts \
+        and "\\" not in name
 
 
 def _bin(file: str) -> dict[str, torch.Tensor]:

@@ -5,6 +5,7 @@ Precedence, stated once: CLI flags (and --set key=value) > the YAML profile > th
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -32,7 +33,17 @@ class _Strict(BaseModel):
 # An engine environment. Dumped as JSON (MLflow's profile_json, Prefect's flow-run parameters, a spread arm's
 # parameters) its secret values are markers (infra/secrets.py); read back, each marked value is taken from this
 # process's environment (a spread worker's, a --rerun's), and every secret value is registered for redaction.
-Env = Annotated[dict[str, str], AfterValidator(secrets.restore), PlainSerializer(secrets.env, when_used="json")]
+def _env_keys(env: dict[str, str]) -> dict[str, str]:
+    """Names `env` and a shell take as variables: a key such as `-i` would reach `env` on the host as an option."""
+    bad = [k for k in env if not ENV_KEY.fullmatch(k)]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is no environment variable name (letters, digits and _, not first a digit)")
+    return env
+
+
+ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+Env = Annotated[dict[str, str], AfterValidator(_env_keys), AfterValidator(secrets.restore),
+                PlainSerializer(secrets.env, when_used="json")]
 
 
 class DrafterConfig(_Strict):

@@ -307,14 +307,14 @@ def main() -> None:
     if cache.exists():
         model, _ = load_target(args.target)
         model.to(DEVICE)
-        data, embed = torch.load(cache, map_location=DEVICE)
+        data, embed = torch.load(cache, map_location=DEVICE, weights_only=True)
     else:
         model, data, embed = build_data(args.target, args.prompts, args.max_new, args.self_instruct,
                                         getattr(torch, args.data_dtype))
         args.out.mkdir(parents=True, exist_ok=True)
         torch.save((data, embed), cache)
     for extra in args.extra_data:
-        data = data + torch.load(extra, map_location=DEVICE)[0]
+        data = data + torch.load(extra, map_location=DEVICE, weights_only=True)[0]
     log(f"data: {len(data)} sequences, {sum(len(i) for i, _, _ in data)} positions")
     kept = draft_vocab(data, args.draft_vocab, embed.shape[0])
     d = init_drafter(model, embed, kept, args.intermediate)
