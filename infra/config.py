@@ -133,6 +133,9 @@ class HostConfig(_Strict):
     server_port: int | None = Field(default=None, ge=1024, le=65535)  # the server's port here; None = target.port
     env: Env = Field(default_factory=dict)  # engine environment on this host, over engine.env
     stop_any_gpu_process: bool = False  # opt in: cleanup may stop processes this tool did not start
+    # The longest an arm waits for this host's GPUs and port while another diagnosis holds them; then it fails saying
+    # who holds them (a holder whose process died gives them back at once).
+    lock_wait_s: float = Field(default=4 * 3600.0, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> "HostConfig":

@@ -27,7 +27,7 @@ from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound, PrefectHTTPS
 from prefect.settings import PREFECT_API_URL
 
 from infra import registry
-from infra.config import HostConfig
+from infra.config import HostConfig, SpecdiagError
 from infra.embedded import cache_dir
 
 HOST_SHARES = 64  # slots of a host's GPU-share limit: a whole-host server takes them all, a GPU set one
@@ -58,9 +58,9 @@ def _api() -> str:
     return PREFECT_API_URL.value() or f"ephemeral:{os.getpid()}"
 
 
-def _acquire(client, names: list[str], occupy: int, what: str, progress_s: float):
-    """Poll for the slots (all at once, or none) until they are ours; print what it waits for at once and every
-    progress_s after, and give back the slots of holders that died."""
+def _acquire(client, names: list[str], occupy: int, what: str, progress_s: float, max_wait_s: float):
+    """Poll for the slots (all at once, or none) until they are ours, max_wait_s at most; print what it waits for at
+    once and every progress_s after, and give back the slots of holders that died."""
     start = time.monotonic()
     next_print = start
     while True:
@@ -75,6 +75,9 @@ def _acquire(client, names: list[str], occupy: int, what: str, progress_s: float
             if exc.response.status_code != 423:  # 423 Locked: held by another
                 raise
         reclaim_dead(client, names)
+        if time.monotonic() - start > max_wait_s:
+            raise SpecdiagError(f"gave up after {max_wait_s:.0f} s waiting for {what} ({', '.join(names)}), held by "
+                                f"{holders(names)}: stop that diagnosis, or raise lock_wait_s of the host")
         if time.monotonic() >= next_print:
             next_print += progress_s
             print(f"waiting {time.monotonic() - start:.0f} s for {what}, held by another diagnosis "
@@ -83,14 +86,14 @@ def _acquire(client, names: list[str], occupy: int, what: str, progress_s: float
 
 
 @contextmanager
-def _slots(names: list[str], occupy: int, what: str, progress_s: float):
+def _slots(names: list[str], occupy: int, what: str, progress_s: float, max_wait_s: float):
     """Hold the slots under a lease renewed while held, with a record of the holder on this machine: a waiter that
     finds the holder dead (SIGKILL, OOM) gives the slots back."""
     with get_client(sync_client=True) as client:
-        lease = _acquire(client, names, occupy, what, progress_s)
+        lease = _acquire(client, names, occupy, what, progress_s, max_wait_s)
     record, held = _holders() / f"{lease}.json", threading.Event()
-    record.write_text(json.dumps({"owner_pid": os.getpid(), "machine": socket.gethostname(), "names": names,
-                                  "occupy": occupy, "lease": str(lease), "api": _api(), "since": time.time()}))
+    registry.write_atomic(record, json.dumps({**registry.owner(), "names": names, "occupy": occupy,
+                                              "lease": str(lease), "api": _api(), "since": time.time()}))
 
     def renew():
         while not held.wait(LEASE_S / 4):
@@ -113,6 +116,20 @@ def _holders() -> Path:
     path = cache_dir() / "locks"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def holders(names: list[str]) -> str:
+    """Who holds these slots, as this machine's records say."""
+    found = []
+    for record in _holders().glob("*.json"):
+        try:
+            entry = json.loads(record.read_text())
+            if set(entry["names"]) & set(names):
+                found.append(f"pid {entry['owner_pid']} on {entry['machine']} since "
+                             f"{time.strftime('%H:%M:%S', time.localtime(entry['since']))}")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return ", ".join(found) or "a diagnosis of another machine (no record here)"
 
 
 def reclaim_dead(client, names: list[str]) -> None:
@@ -149,6 +166,7 @@ def host_lock(host: HostConfig, port: int, progress_s: float = 15.0):
         _ensure_limit(name)
     start = time.monotonic()
     gpus = f"GPUs {','.join(map(str, sorted(set(host.gpus))))}" if host.gpus else "all GPUs"
-    with _slots([share], 1 if host.gpus else HOST_SHARES, f"{gpus} of host {host.name}", progress_s), \
-            _slots(exclusive, 1, f"{gpus} and port {port} of host {host.name}", progress_s):
+    cap = host.lock_wait_s
+    with _slots([share], 1 if host.gpus else HOST_SHARES, f"{gpus} of host {host.name}", progress_s, cap), \
+            _slots(exclusive, 1, f"{gpus} and port {port} of host {host.name}", progress_s, cap):
         yield time.monotonic() - start

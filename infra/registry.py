@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import tempfile
 import time
+from pathlib import Path
 
 from infra import secrets
 from infra.embedded import cache_dir
@@ -15,10 +18,44 @@ def _dir():
     return path
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """A record appears whole or not at all (temp file in the same folder, then rename): a reader never meets half."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _started(pid: int) -> str:
+    """The process's start time since boot, in clock ticks (/proc/PID/stat field 22): a PID reused later differs."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def owner() -> dict:
+    """Who holds a record: this process, by PID, machine, boot and start time (ownership by a bare PID is fooled by a
+    reboot, a container restart or a shared home directory)."""
+    return {"owner_pid": os.getpid(), "machine": socket.gethostname(), "boot_id": _boot_id(),
+            "owner_started": _started(os.getpid())}
+
+
 def remember(pid: int, pgid: int, arm: str, host: str, command: str, port: int | None = None) -> None:
-    (_dir() / f"{host}-{pid}.json").write_text(json.dumps(
-        {"pid": pid, "pgid": pgid, "arm": arm, "host": host, "command": secrets.redact(command), "started": time.time(),
-         "owner_pid": os.getpid(), "port": port}))
+    write_atomic(_dir() / f"{host}-{pid}.json", json.dumps(
+        {"pid": pid, "pgid": pgid, "arm": arm, "host": host, "command": secrets.redact(command),
+         "started": time.time(), "port": port, **owner()}))
 
 
 def forget(pid: int, host: str = "local") -> None:
@@ -27,13 +64,13 @@ def forget(pid: int, host: str = "local") -> None:
 
 def launched(host: str = "local") -> list[dict]:
     """This host's entries, by the host name recorded in each (the file name's prefix alone would give host "gpu"
-    the entries of "gpu-box")."""
+    the entries of "gpu-box"). A record that cannot be read is skipped and kept (it may name a live server)."""
     out = []
     for f in sorted(_dir().glob(f"{host}-*.json")):
         try:
             entry = json.loads(f.read_text())
-        except (json.JSONDecodeError, OSError):
-            f.unlink(missing_ok=True)
+        except (json.JSONDecodeError, OSError) as exc:
+            print(f"skipping unreadable server record {f}: {exc}")
             continue
         if entry.get("host") == host:
             out.append(entry)
@@ -41,11 +78,18 @@ def launched(host: str = "local") -> list[dict]:
 
 
 def owner_alive(entry: dict) -> bool:
-    """A server is stale once the specdiag process that launched it is gone (crashed, killed, Ctrl-C)."""
+    """Whether the specdiag process that wrote a record still runs. A record of another machine (a shared home
+    directory) is not ours to judge: taken as alive. After a reboot it is dead; a live PID with another start time
+    is another process that reused it. Records written before these fields were kept are judged by PID alone."""
+    if entry.get("machine", socket.gethostname()) != socket.gethostname():
+        return True
+    if entry.get("boot_id") and entry["boot_id"] != _boot_id():
+        return False
+    pid = entry.get("owner_pid", -1)
     try:
-        os.kill(entry.get("owner_pid", -1), 0)
-    except (ProcessLookupError, OverflowError):
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError, TypeError):
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return not entry.get("owner_started") or entry["owner_started"] == _started(pid)

@@ -91,3 +91,55 @@ def test_a_holder_killed_holding_the_host_is_given_back_by_the_next(prefect_serv
         assert f"diagnosis pid {holder.pid} died holding them" in capsys.readouterr().out
     finally:
         holder.kill()
+
+
+def test_a_wait_for_a_live_holder_has_a_cap_and_names_the_holder(prefect_server, tmp_path):
+    """A diagnosis that holds the host for hours makes the next one fail after the host's lock_wait_s, saying whose
+    the host is, rather than wait without end."""
+    import os
+    import subprocess
+
+    import pytest
+    from prefect.settings import PREFECT_API_URL
+
+    from infra.config import SpecdiagError
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(ROOT)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_AND_HANG.replace("box-f", "box-g")], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        start = time.monotonic()
+        with pytest.raises(SpecdiagError, match=rf"gave up after 2 s waiting for all GPUs of host box-g .* held by "
+                                                rf"pid {holder.pid} on "):
+            with host_lock(HostConfig(name="box-g", lock_wait_s=2), 8011, progress_s=0.5):
+                pass
+        assert time.monotonic() - start < 30
+    finally:
+        holder.kill()
+        holder.wait(10)
+
+
+def test_ownership_is_judged_by_machine_boot_and_start_time_not_a_bare_pid():
+    """A record whose PID now belongs to another process (reused after a restart) or whose boot is over is dead; a
+    record another machine wrote into a shared home directory is not this machine's to judge."""
+    from infra import registry
+
+    me = registry.owner()
+    assert registry.owner_alive(me)
+    assert not registry.owner_alive({**me, "owner_started": str(int(me["owner_started"]) + 1)})  # a reused PID
+    assert not registry.owner_alive({**me, "boot_id": "another-boot"})
+    assert registry.owner_alive({**me, "owner_pid": 2 ** 22 + 7, "machine": "other-machine"})
+    assert not registry.owner_alive({**me, "owner_pid": 2 ** 22 + 7})
+
+
+def test_records_are_written_whole_and_an_unreadable_one_is_kept(tmp_path, monkeypatch):
+    from infra import registry
+
+    monkeypatch.setattr(registry, "_dir", lambda: tmp_path)
+    registry.remember(303, 303, "a", "box-h", "vllm serve")
+    assert [p.name for p in tmp_path.iterdir()] == ["box-h-303.json"]  # no temp file left beside it
+    (tmp_path / "box-h-404.json").write_text('{"pid": 404, "ho')  # as a writer killed mid-write once left it
+    assert [e["pid"] for e in registry.launched("box-h")] == [303]
+    assert (tmp_path / "box-h-404.json").exists()  # not deleted: it may name a live server
