@@ -115,17 +115,23 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
                                                        False, tracker, where, control=learned["control"]))
             if swapping and not w.result.ok and "swap_s" not in w.ev.metrics:
                 break  # a failed swap: the server is stopped, the next arm loads afresh
-    finally:
-        if server is not None:
-            try:
-                first.ev.metrics["shm_files_removed"] = teardown(server)
-            except Exception as exc:
-                first.result.ok, first.result.error = False, f"{first.result.error}\nteardown: {exc}".strip()
-        else:
-            stop_unreturned(executor, arm.name)
-        held.close()  # the host is free for the next server
+    finally:  # every step guarded: whatever fails here, each window's run is still recorded and ended
+        _step(first, "teardown", lambda: first.ev.metrics.update(shm_files_removed=teardown(server))
+              if server is not None else stop_unreturned(executor, arm.name))
+        _step(first, "releasing the host lock", held.close)  # the host is free for the next server
         _finish(tracker, executor, windows, parent_run_id)
     return [w.result for w in windows]
+
+
+def _step(w: "Window", what: str, call, fails: bool = True) -> None:
+    """One step of an arm's end: a failure fails the arm (unless not `fails`: a check whose absence leaves the
+    measurement standing), naming the step, and the end goes on."""
+    try:
+        call()
+    except Exception as exc:
+        if fails:
+            w.result.ok, w.result.error = False, f"{w.result.error}\n{what}: {type(exc).__name__}: {exc}".strip()
+        print(f"[{w.arm.name}] {what} failed: {exc}")
 
 
 @dataclass
@@ -187,8 +193,11 @@ class Window:
 def _finish(tracker: Tracker, executor, windows: list[Window], parent_run_id: str) -> None:
     """After teardown: the server's log (fetched from a remote host) and each window's figures into its run. Each
     window's wall time runs until the next one began; the last one's includes the teardown."""
-    log_path = windows[0].ev.log_path
-    log_text = executor.read_tail(log_path, 1 << 20) if log_path else ""
+    log_path, log_text = windows[0].ev.log_path, ""
+    try:  # a host gone at the end of an arm must not keep what was measured out of MLflow
+        log_text = executor.read_tail(log_path, 1 << 20) if log_path else ""
+    except Exception as exc:
+        print(f"[{windows[0].arm.name}] could not read the server log on {executor.host}: {exc}")
     version = vllm.parse_engine_version(log_text) or ""
     if log_path and executor.host != "local":  # the log lands in MLflow from a local copy
         log_path = str(_fetch(executor, log_path, local_dir(parent_run_id)))
@@ -197,7 +206,8 @@ def _finish(tracker: Tracker, executor, windows: list[Window], parent_run_id: st
         ev, m = w.ev, w.ev.metrics
         ev.engine_version = version
         if ev.before:  # a shared server's log lines mix its windows: each reads up to its own closing scrape
-            m.update(log_crosscheck(executor, ev.log_path, ev.before, ev.after if len(windows) > 1 else None))
+            _step(w, "cross-checking the server log", lambda: m.update(
+                log_crosscheck(executor, ev.log_path, ev.before, ev.after if len(windows) > 1 else None)), fails=False)
         ev.log_path = log_path if ev.log_path else ""
         if ev.bench:
             m.update(ev.bench.summary() | request_metrics(ev.bench.records))
@@ -212,7 +222,8 @@ def _finish(tracker: Tracker, executor, windows: list[Window], parent_run_id: st
         except Exception as exc:  # this run ends FAILED; the server's other arms are still recorded
             w.result.ok, w.result.error = False, f"{w.result.error}\nrecording: {exc}".strip()
             print(f"[{w.arm.name}] recording failed: {exc}")
-    executor.close()
+            _step(w, "ending its run", lambda: tracker.finish(w.result.run_id, False, killed=w.result.interrupted))
+    _step(windows[0], "closing the connection", executor.close, fails=False)
 
 
 def _learned(w: Window) -> dict:

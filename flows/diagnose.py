@@ -76,10 +76,10 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
     experiment = tracker.experiment(cfg.name)
     title = f"{cfg.drafter} vs {cfg.control or 'no control'}"
     parent = tracker.start(experiment, title, {"specdiag.kind": "diagnosis", "specdiag.drafter": cfg.drafter or "none"})
-    tracker.params(parent, {"profile": cfg.name, "arms": ",".join(a.name for a in plan)})
-    tracker.text(parent, cfg.model_dump_json(indent=1), PROFILE)  # whole, secrets as markers: --rerun reads it
-    tracker.text(parent, "\n".join(json.dumps({"prompt": p}) for p in prompts) + "\n", "prompts.jsonl")  # --rerun
-    with tracker.terminated(parent):
+    with tracker.terminated(parent):  # from its creation: it ends FINISHED, FAILED or KILLED, never RUNNING
+        tracker.params(parent, {"profile": cfg.name, "arms": ",".join(a.name for a in plan)})
+        tracker.text(parent, cfg.model_dump_json(indent=1), PROFILE)  # whole, secrets as markers: --rerun reads it
+        tracker.text(parent, "\n".join(json.dumps({"prompt": p}) for p in prompts) + "\n", "prompts.jsonl")
         target, drafters, workdir = resolved_target(cfg), resolved_drafters(plan), run_dir(cfg, parent)
         findings = inspect_arms(target, drafters, cfg.host, cfg.target.max_model_len())  # seconds, before any server
         window_plan(cfg, plan, prompts)
