@@ -66,6 +66,7 @@ class Executor(Protocol):
     def pgid_of(self, pid: int) -> int | None: ...
     def read_tail(self, path: str, max_bytes: int = 16_384) -> str: ...
     def read_from(self, path: str, offset: int) -> tuple[str, int]: ...
+    def size(self, path: str) -> int: ...  # bytes; 0 where the file is missing
     def fetch(self, path: str, dest: Path) -> Path: ...
     def put(self, local: Path, path: str) -> str: ...
     def read_bytes(self, path: str) -> bytes: ...
@@ -180,6 +181,12 @@ class LocalExecutor:
                 return f.read().decode("utf-8", "replace")
         except FileNotFoundError:
             return ""
+
+    def size(self, path: str) -> int:
+        try:
+            return os.path.getsize(path)
+        except FileNotFoundError:
+            return 0
 
     def read_from(self, path: str, offset: int) -> tuple[str, int]:
         try:

@@ -28,6 +28,7 @@ from infra.executor import Completed, Launched, escalate, shell_command
 
 DROPS = (OSError, EOFError, paramiko.SSHException)
 PGID_MARK = "specdiag-pgid="
+SFTP_TIMEOUT_S = 120.0  # one SFTP request (a header, a log tail, a checkpoint put in 32 KiB blocks): a stalled host
 
 
 def _without_mark(stderr: str) -> str:
@@ -93,7 +94,7 @@ class SshExecutor:
             j = self.cfg.jump
             self._jump = self._connect_one(j.address, j.port, j.user, j.key_file)
             sock = self._jump.get_transport().open_channel("direct-tcpip", (self.cfg.address, self.cfg.port),
-                                                            ("127.0.0.1", 0))
+                                                            ("127.0.0.1", 0), timeout=self.cfg.connect_timeout_s)
         return self._connect_one(self.cfg.address, self.cfg.port, self.cfg.user, self.cfg.key_file, sock)
 
     def _transport(self) -> paramiko.Transport:
@@ -138,6 +139,8 @@ class SshExecutor:
             transport = self._transport()
             if self._sftp is None or self._sftp.get_channel().get_transport() is not transport:
                 self._sftp = paramiko.SFTPClient.from_transport(transport)
+                # no SFTP read or write waits without end on a host that stopped answering
+                self._sftp.get_channel().settimeout(SFTP_TIMEOUT_S)
             return self._sftp
 
     def close(self) -> None:
@@ -251,6 +254,14 @@ class SshExecutor:
             except FileNotFoundError:
                 return "", offset
             return data.decode("utf-8", "replace"), offset + len(data)
+        return self._retrying(op)
+
+    def size(self, path: str) -> int:
+        def op(_):
+            try:
+                return self._sftp_client().stat(path).st_size or 0
+            except FileNotFoundError:
+                return 0
         return self._retrying(op)
 
     def fetch(self, path: str, dest: Path) -> Path:

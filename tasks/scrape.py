@@ -27,7 +27,7 @@ class Snapshot:
 def scrape(server: Server) -> Snapshot:
     resp = httpx.get(f"{server.base_url}/metrics", timeout=10.0)
     resp.raise_for_status()
-    _, offset = server.executor.read_from(server.process.log_path, 0)
+    offset = server.executor.size(server.process.log_path)  # where the window's log lines start: no log crosses
     return Snapshot(resp.text, vllm.parse_metrics(resp.text), offset)
 
 

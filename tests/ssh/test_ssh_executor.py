@@ -174,3 +174,12 @@ def test_static_checks_read_a_remote_eagle3_head_over_sftp(host, tmp_path):
         assert ex.glob(f"{good}/*.safetensors") == [f"{good}/model.safetensors"]
     finally:
         ex.close()
+
+
+def test_a_logs_size_is_read_without_reading_the_log(ex, tmp_path):
+    """A scrape marks where the server log stands by its size (SFTP stat), not by downloading it (tasks/scrape.py):
+    a 1T target's log grows to megabytes over a diagnosis, read at every scrape before."""
+    log = tmp_path / "server.log"
+    log.write_bytes(b"x" * 3_000_000)
+    assert ex.size(str(log)) == 3_000_000 == LocalExecutor().size(str(log))
+    assert ex.size(str(tmp_path / "missing.log")) == 0 == LocalExecutor().size(str(tmp_path / "missing.log"))
