@@ -285,7 +285,7 @@ def _confirmed(cfg, decision, drafters, results, tracker, where, prompts, runs=N
     """--confirm: the verdict's fix served as one more arm (none where the evidence already is the intervention),
     on the profile's host or, spread, by the first host's worker (every arm has ended: all hosts are free)."""
     parent = where[1]
-    arm, why = fix_arm(cfg, decision, drafters)
+    arm, why = fix_arm(cfg, decision, drafters, results)
     if arm:
         host, on = next(iter(_hosts(cfg).items()))
         with tracker.interrupts(parent, arm.name):

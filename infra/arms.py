@@ -183,7 +183,18 @@ PROBES = {"k_sweep": _k_sweep, "graphs": _graphs, "raw_prompts": _raw_prompts, "
 
 
 def probe_arms(profile: Profile, cand: Arm, ctrl: Arm | None) -> list[Arm]:
-    return [arm for probe in profile.probes for arm in PROBES[probe](profile, cand, ctrl)]
+    """The probes asked for. Under --confirm, for an EAGLE-3 candidate on this machine, also the served interventions
+    the verdict's vocabulary and aux-layer causes imply: the control's mapping (with an EAGLE-3 control) and, on an
+    eager server, where they are swapped in, the other aux layers. Each is a window on the candidate's server rather
+    than a load after the verdict; the verdict reads them, and tasks/confirm.fix_arm judges the fix from them. On a
+    target without hidden-state dumps they are the only way to confirm either cause."""
+    probes = list(profile.probes)
+    if profile.confirm and cand.spec and cand.spec.method == "eagle3" and profile.host.kind == "local":
+        if ctrl and ctrl.spec and ctrl.spec.method == "eagle3":
+            probes.append("control_mapping")
+        if "--enforce-eager" in profile.target.args:
+            probes.append("aux_layers")
+    return [arm for probe in dict.fromkeys(probes) for arm in PROBES[probe](profile, cand, ctrl)]
 
 
 def same_server(a: Arm, b: Arm) -> bool:

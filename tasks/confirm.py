@@ -23,8 +23,13 @@ from tasks.verdict.evidence import Verdict, differs, fmt
 CONFIRMED = "specdiag.confirmed"
 
 
-def fix_arm(cfg: Profile, v: Verdict, arms: list[Arm]) -> tuple[Arm | None, str]:
-    """The candidate with the verdict's fix applied; or None, and what stands instead of an arm."""
+SERVED = "served already as the probe arm "  # the fix's arm was planned up front (infra/arms.probe_arms)
+
+
+def fix_arm(cfg: Profile, v: Verdict, arms: list[Arm], measured: list[ArmResult] = ()) -> tuple[Arm | None, str]:
+    """The candidate with the verdict's fix applied; or None, and what stands instead of an arm (a probe arm already
+    measured that applies the fix: under --confirm the control's mapping is planned up front, a window on the
+    candidate's server rather than a load after the verdict)."""
     cand = next((a for a in arms if a.role == "candidate"), None)
     ctrl = next((a for a in arms if a.role == "control"), None)
     if "confirmed_by" in v.fix:
@@ -36,6 +41,9 @@ def fix_arm(cfg: Profile, v: Verdict, arms: list[Arm]) -> tuple[Arm | None, str]
         return Arm(f"{cand.name}@fix-k={k}", "confirm", cand.drafter,
                    cand.spec.model_copy(update={"num_speculative_tokens": k}), "confirm"), ""
     if "probe" in v.fix:
+        done = next((r for r in measured if r.role == "probe" and r.probe == v.fix["probe"] and r.ok), None)
+        if done is not None:
+            return None, SERVED + done.arm
         try:
             arm = PROBES[v.fix["probe"]](cfg, cand, ctrl)[0]
         except SpecdiagError as exc:
@@ -44,10 +52,11 @@ def fix_arm(cfg: Profile, v: Verdict, arms: list[Arm]) -> tuple[Arm | None, str]
     return None, f"no fix that one more arm can apply for `{v.cause}` (see Next)"
 
 
-def judge(v: Verdict, results: list[ArmResult]) -> tuple[str, str]:
-    """(confirmed / not confirmed, the line that says why) for the fix arm against the candidate."""
+def judge(v: Verdict, results: list[ArmResult], fix: str = "") -> tuple[str, str]:
+    """(confirmed / not confirmed, the line that says why) for the fix arm (or the probe arm named `fix`) against the
+    candidate."""
     cand = next(r for r in results if r.role == "candidate")
-    fixed = next(r for r in results if r.role == "confirm")
+    fixed = next(r for r in results if (r.arm == fix if fix else r.role == "confirm"))
     if not fixed.ok:
         return "not confirmed", f"the fix arm {fixed.arm} failed: {fixed.error.splitlines()[0]}"
     if v.cause == "draft_overhead":
@@ -67,8 +76,8 @@ def judge(v: Verdict, results: list[ArmResult]) -> tuple[str, str]:
 @task(name="confirm", cache_policy=NO_CACHE)
 def confirm(tracker: Tracker, parent_run_id: str, v: Verdict, results: list[ArmResult], why: str) -> Verdict:
     """The outcome as tag specdiag.confirmed, a line of the verdict's evidence, and verdict.md again."""
-    if any(r.role == "confirm" for r in results):
-        outcome, line = judge(v, results)
+    if any(r.role == "confirm" for r in results) or why.startswith(SERVED):
+        outcome, line = judge(v, results, why.removeprefix(SERVED) if why.startswith(SERVED) else "")
         line = f"--confirm: `{outcome}`: {line}"
     else:
         outcome = "confirmed" if why.startswith("confirmed by") else "not run"

@@ -69,3 +69,30 @@ def test_a_k_fix_is_confirmed_only_when_its_paired_speedup_lies_above_the_candid
     v.cause = "draft_overhead"
     status, line = judge(v, [base, cand, fixed])
     assert status == outcome and "paired speedup" in line
+
+
+@pytest.mark.parametrize("probe_rate, outcome", [(0.60, "confirmed"), (0.02, "not confirmed")])
+def test_under_confirm_the_controls_mapping_is_a_window_planned_up_front(capsys, probe_rate, outcome):
+    """The fix a vocabulary verdict implies, the candidate with the control's d2t, is planned with --confirm as a probe
+    on the candidate's server (swapped in: a window, not a load after the verdict), and --confirm judges that arm."""
+    from flows.diagnose import main
+    from tasks.confirm import SERVED, confirm
+
+    cfg, arms = _plan("smol-eagle3-scrambled", "smol-eagle3", confirm=True)
+    assert [a.name for a in arms if a.probe == "control_mapping"] == ["smol-eagle3-scrambled@control-mapping"]
+    assert len([a for a in arms if a.probe == "aux_layers"]) >= 2
+    assert main(["--drafter", "smol-eagle3-scrambled", "--control", "smol-eagle3", "--confirm", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "plan: 2 server load(s)" in out and "smol-eagle3-scrambled@control-mapping: swapped into" in out, out
+    assert "smol-eagle3-scrambled@aux=1,14,26: swapped into" in out  # the demo serves eager: aux ids swap too
+    assert not [a for a in _plan("smol-permuted", "smol-self", confirm=True)[1] if a.probe]  # draft models: no d2t
+    probe = arm("smol-eagle3-scrambled@control-mapping", "probe", probe_rate)
+    probe.probe = "control_mapping"
+    results = [BASE, arm("cand", "candidate", 0.01), arm("ctl", "control", 0.99), probe]
+    v = decide(results[:3], VOCAB)
+    assert fix_arm(cfg, v, arms, results) == (None, SERVED + probe.arm)  # nothing more is loaded
+
+    class Record:
+        def tag(self, *a): pass
+        def text(self, *a): pass
+    assert f"--confirm: `{outcome}`" in confirm.fn(Record(), "run", v, results, SERVED + probe.arm).evidence[-1]
