@@ -52,10 +52,13 @@ def owner() -> dict:
             "owner_started": _started(os.getpid())}
 
 
-def remember(pid: int, pgid: int, arm: str, host: str, command: str, port: int | None = None) -> None:
+def remember(pid: int, pgid: int, arm: str, host: str, command: str, port: int | None = None,
+             shm_before: list[str] | None = None) -> None:
+    """shm_before: the host's /dev/shm names before the server started: a cleanup after its owner died removes only
+    what appeared since (tasks/cleanup.py), never another program's."""
     write_atomic(_dir() / f"{host}-{pid}.json", json.dumps(
         {"pid": pid, "pgid": pgid, "arm": arm, "host": host, "command": secrets.redact(command),
-         "started": time.time(), "port": port, **owner()}))
+         "started": time.time(), "port": port, "shm_before": shm_before, **owner()}))
 
 
 def forget(pid: int, host: str = "local") -> None:

@@ -14,7 +14,7 @@ from infra.executor import Executor
 
 @task(name="gpu-cleanup", cache_policy=NO_CACHE)
 def cleanup(executor: Executor, host: HostConfig, timeout_s: float = 60.0) -> dict[str, float]:
-    stale = []
+    stale, since = [], set()
     for entry in registry.launched(executor.host):
         if registry.owner_alive(entry):
             continue  # another live diagnosis owns it
@@ -22,10 +22,12 @@ def cleanup(executor: Executor, host: HostConfig, timeout_s: float = 60.0) -> di
             print(f"stopping stale server pid {entry['pid']} (arm {entry['arm']}) left by a dead run")
             executor.stop_group(entry["pgid"])
             stale.append(entry["pgid"])
+            if entry.get("shm_before") is not None:  # a record without it (an older specdiag): nothing is removed
+                since |= shm.listing(executor) - set(entry["shm_before"])
         registry.forget(entry["pid"], executor.host)
     out = {"stale_servers_stopped": float(len(stale))}
-    if stale:  # what the dead servers left in /dev/shm, now that nothing maps it
-        out["shm_files_removed"] = float(len(shm.remove_unused(executor, shm.listing(executor))))
+    if since:  # what appeared in /dev/shm while the dead servers ran, now that nothing maps it: never another's older
+        out["shm_files_removed"] = float(len(shm.remove_unused(executor, since)))
     if not executor.which("nvidia-smi"):
         print(f"no GPU on {executor.host} (no nvidia-smi): skipping the GPU memory check")
         return out

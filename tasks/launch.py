@@ -30,6 +30,6 @@ def launch_server(plan: ServerPlan, executor: Executor) -> Server:
             f"(e.g. `fuser -k {plan.port}/tcp`) or pick another with --port")
     shm_before = frozenset(shm.listing(executor))
     process = executor.launch(plan.argv, plan.env, plan.log_path)
-    remember(process.pid, process.pgid, plan.arm, executor.host, process.command, plan.port)
+    remember(process.pid, process.pgid, plan.arm, executor.host, process.command, plan.port, sorted(shm_before))
     print(f"[{plan.arm}] launched pid {process.pid}: {process.command}")
     return Server(plan.arm, process, executor.base_url(plan.port), executor, shm_before)
