@@ -30,9 +30,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-# An engine environment. Dumped as JSON (MLflow's profile_json, Prefect's flow-run parameters, a spread arm's
-# parameters) its secret values are markers (infra/secrets.py); read back, each marked value is taken from this
-# process's environment (a spread worker's, a --rerun's), and every secret value is registered for redaction.
 def _env_keys(env: dict[str, str]) -> dict[str, str]:
     """Names `env` and a shell take as variables: a key such as `-i` would reach `env` on the host as an option."""
     bad = [k for k in env if not ENV_KEY.fullmatch(k)]
@@ -42,6 +39,9 @@ def _env_keys(env: dict[str, str]) -> dict[str, str]:
 
 
 ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# An engine environment. Dumped as JSON (MLflow's profile.json, Prefect's flow-run parameters, a spread arm's
+# parameters) its secret values are markers (infra/secrets.py); read back, each marked value is taken from this
+# process's environment (a spread worker's, a --rerun's), and every secret value is registered for redaction.
 Env = Annotated[dict[str, str], AfterValidator(_env_keys), AfterValidator(secrets.restore),
                 PlainSerializer(secrets.env, when_used="json")]
 

@@ -90,18 +90,13 @@ def _key(keytype: str, data: str, path: Path, n: int) -> paramiko.PKey | None:
         raise SpecdiagError(f"{path}:{n}: the {keytype} key does not decode: fix or remove the line") from None
 
 
-def host_name(address: str, port: int) -> str:
-    """How known_hosts names a host: `[address]:port` off port 22."""
-    return address if port == 22 else f"[{address}]:{port}"
-
-
 class Policy(paramiko.MissingHostKeyPolicy):
     """A host not found by exact or hashed name: trusted where a pattern line names it with this key; refused
     where a pattern line names it with another key, or only a @cert-authority line does; else accepted for this
     connection only (`accept`), or refused."""
 
-    def __init__(self, known: KnownHosts, accept: bool, refuse):
-        self.known, self.accept, self.refuse = known, accept, refuse
+    def __init__(self, known: KnownHosts, accept: bool):
+        self.known, self.accept = known, accept
 
     def missing_host_key(self, client, hostname, key):
         expected = self.known.by_pattern(hostname)
@@ -110,7 +105,7 @@ class Policy(paramiko.MissingHostKeyPolicy):
         if expected:
             raise paramiko.BadHostKeyException(hostname, key, expected[0])
         if any(self.known.matches(hostname, names) for names in self.known.authorities):
-            raise self.refuse(f"{self.known.path} trusts {hostname} only through a @cert-authority line, which "
+            raise SpecdiagError(f"{self.known.path} trusts {hostname} only through a @cert-authority line, which "
                               "paramiko cannot check: add the host's own key (ssh-keyscan) beside it")
         if not self.accept:
             raise paramiko.SSHException(f"Server {hostname!r} not found in known_hosts")

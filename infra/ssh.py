@@ -70,7 +70,7 @@ class SshExecutor:
         for name, keys in hosts.keys.items():
             for keytype, host_key in keys.items():
                 client.get_host_keys().add(name, keytype, host_key)
-        client.set_missing_host_key_policy(known_hosts.Policy(hosts, self.cfg.accept_unknown_host_keys, SpecdiagError))
+        client.set_missing_host_key_policy(known_hosts.Policy(hosts, self.cfg.accept_unknown_host_keys))
         try:
             client.connect(address, port=port, username=user, key_filename=str(Path(key).expanduser()) if key else None,
                            timeout=self.cfg.connect_timeout_s, banner_timeout=self.cfg.connect_timeout_s,

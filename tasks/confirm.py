@@ -41,8 +41,7 @@ def fix_arm(cfg: Profile, v: Verdict, arms: list[Arm], measured: list[ArmResult]
         return Arm(f"{cand.name}@fix-k={k}", "confirm", cand.drafter,
                    cand.spec.model_copy(update={"num_speculative_tokens": k}), "confirm"), ""
     if "probe" in v.fix:
-        done = next((r for r in measured if r.role == "probe" and r.probe == v.fix["probe"] and r.ok), None)
-        if done is not None:
+        if (done := fixed_by(v, measured)) is not None:
             return None, SERVED + done.arm
         try:
             arm = PROBES[v.fix["probe"]](cfg, cand, ctrl)[0]
@@ -52,11 +51,16 @@ def fix_arm(cfg: Profile, v: Verdict, arms: list[Arm], measured: list[ArmResult]
     return None, f"no fix that one more arm can apply for `{v.cause}` (see Next)"
 
 
-def judge(v: Verdict, results: list[ArmResult], fix: str = "") -> tuple[str, str]:
-    """(confirmed / not confirmed, the line that says why) for the fix arm (or the probe arm named `fix`) against the
-    candidate."""
+def fixed_by(v: Verdict, results: list[ArmResult]) -> ArmResult | None:
+    """The arm that applied the verdict's fix: the confirm arm, else a probe arm measured up front that applies it."""
+    return next((r for r in results if r.role == "confirm"), None) or next(
+        (r for r in results if r.role == "probe" and r.ok and r.probe == v.fix.get("probe")), None)
+
+
+def judge(v: Verdict, results: list[ArmResult]) -> tuple[str, str]:
+    """(confirmed / not confirmed, the line that says why) for the arm that applied the fix against the candidate."""
     cand = next(r for r in results if r.role == "candidate")
-    fixed = next(r for r in results if (r.arm == fix if fix else r.role == "confirm"))
+    fixed = fixed_by(v, results)
     if not fixed.ok:
         return "not confirmed", f"the fix arm {fixed.arm} failed: {fixed.error.splitlines()[0]}"
     if v.cause == "draft_overhead":
@@ -76,8 +80,8 @@ def judge(v: Verdict, results: list[ArmResult], fix: str = "") -> tuple[str, str
 @task(name="confirm", cache_policy=NO_CACHE)
 def confirm(tracker: Tracker, parent_run_id: str, v: Verdict, results: list[ArmResult], why: str) -> Verdict:
     """The outcome as tag specdiag.confirmed, a line of the verdict's evidence, and verdict.md again."""
-    if any(r.role == "confirm" for r in results) or why.startswith(SERVED):
-        outcome, line = judge(v, results, why.removeprefix(SERVED) if why.startswith(SERVED) else "")
+    if fixed_by(v, results) is not None:
+        outcome, line = judge(v, results)
         line = f"--confirm: `{outcome}`: {line}"
     else:
         outcome = "confirmed" if why.startswith("confirmed by") else "not run"
