@@ -157,6 +157,9 @@ def safetensors_header(fs, file: str) -> dict[str, TensorRef]:
 def _bin_refs(file: str) -> dict[str, TensorRef]:
     """A torch .bin (the original EAGLE repo's `pytorch_model.bin`), memory-mapped: shapes without reading data."""
     sd = _bin(file)
+    if not isinstance(sd, dict) or not all(isinstance(k, str) and hasattr(v, "shape") for k, v in sd.items()):
+        raise SpecdiagError(f"{file} is no state dict (a mapping of names to tensors): "
+                            f"it holds a {type(sd).__name__}; save the head's state_dict() as safetensors")
     return {k: TensorRef(file, str(v.dtype).replace("torch.", ""), tuple(v.shape), None, k) for k, v in sd.items()}
 
 
@@ -204,8 +207,17 @@ def _bin(file: str) -> dict[str, torch.Tensor]:
 
 @functools.lru_cache(maxsize=2)
 def _bin_version(file: str, _mtime: int) -> dict[str, torch.Tensor]:
+    import pickle
+
     import torch
-    return torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+    try:
+        return torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+    except pickle.UnpicklingError as exc:  # a pickled object that is no tensor: never run, never loaded
+        what = next((l.strip() for l in str(exc).splitlines() if "unsupported GLOBAL" in l), "objects other than tensors")
+        raise SpecdiagError(f"{file} holds more than tensors ({what}); specdiag reads torch .bin files with "
+                            "weights_only and does not run pickled code: convert a trusted copy to safetensors") from None
+    except (RuntimeError, EOFError) as exc:  # not a torch archive, or cut short
+        raise SpecdiagError(f"{file} is no readable torch checkpoint: {str(exc).splitlines()[0]}") from None
 
 
 def read_tensor(fs, ref: TensorRef) -> torch.Tensor:

@@ -52,3 +52,34 @@ def test_env_keys_a_shell_would_take_as_options_are_refused():
         with pytest.raises(SpecdiagError, match="is no environment variable name"):
             load_profile("demo", sets=[f'engine.env={{"{key}": "v"}}'])
     assert load_profile("demo", sets=["engine.env.VLLM_OK_1=v"]).engine.env["VLLM_OK_1"] == "v"
+
+
+class _Runs:
+    """A pickled object whose loading would run a shell command, as a hostile `pytorch_model.bin` carries."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_bin_that_pickles_code_or_no_tensors_is_that_arms_finding(tmp_path):
+    """A torch .bin whose pickle calls a function is refused unread (weights_only), one line, and its code never
+    runs; a .bin of allowed types that are no tensors, or no archive at all, is that arm's one-line finding too."""
+    import torch
+    target, marker = embedded.resolve("embedded:smollm2"), tmp_path / "ran"
+    for name, content in (("code", {"fc.weight": torch.zeros(2, 2), "x": _Runs(marker)}), ("ints", {"fc.weight": 3}),
+                          ("list", [torch.zeros(2)]), ("junk", None)):
+        head = _head(tmp_path, name)
+        (head / "model.safetensors").unlink()
+        if content is None:
+            (head / "pytorch_model.bin").write_bytes(b"PK\x03\x04 not a torch archive")
+        else:
+            torch.save(content, head / "pytorch_model.bin")
+        found = inspect_arms.fn(target, [_arm(head)])["mine"]
+        assert [(f.severity, f.code) for f in found] == [("error", "unreadable")], (name, found)
+        assert "\n" not in found[0].message and "pytorch_model.bin" in found[0].message, found
+    assert not marker.exists()
+    assert "posix.system" in inspect_arms.fn(target, [_arm(tmp_path / "code")])["mine"][0].message
