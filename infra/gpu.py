@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -50,6 +51,16 @@ def compute_apps(executor) -> list[tuple[int, int, float]]:
             for r in apps if len(r) >= 3 and r[1].isdigit()]
 
 
+NVIDIA_DEVICE = re.compile(r"-> /dev/nvidia(\d+|ctl|-uvm)$")
+
+
+def holds_gpu(executor, pid: int) -> bool:
+    """/proc confirms that PID, in this PID namespace, has an NVIDIA device open. nvidia-smi reports PIDs of the
+    namespace its driver sees: in a container they can name another process, or none, of this one."""
+    done = executor.run(["sh", "-c", f"ls -l /proc/{int(pid)}/fd/ 2>/dev/null"], timeout_s=15)
+    return any(NVIDIA_DEVICE.search(line) for line in done.stdout.splitlines())
+
+
 def reclaim(executor, own_pgids: set[int], gpus: list[int] | None = None, stop_any: bool = False,
             free_below_mib: float = 1024.0, timeout_s: float = 60.0) -> Reclaim:
     """Stop the compute processes this tool launched (every one on the selected GPUs with stop_any), then
@@ -62,12 +73,16 @@ def reclaim(executor, own_pgids: set[int], gpus: list[int] | None = None, stop_a
         if gpu not in selected or pid in stopped:
             continue
         pgid = executor.pgid_of(pid)
+        if pgid not in own_pgids and not stop_any:
+            continue
+        if not holds_gpu(executor, pid):  # nvidia-smi's PID is no process here that holds a GPU: never a guess
+            print(f"not stopping PID {pid} on {executor.host}: nvidia-smi lists it, but /proc/{pid} shows no process "
+                  "holding an NVIDIA device (another PID namespace, or it ended)")
+            continue
         if pgid in own_pgids:
             executor.stop_group(pgid)
-        elif stop_any:
-            executor.stop_pid(pid)
         else:
-            continue
+            executor.stop_pid(pid)
         stopped.append(pid)
     deadline = time.monotonic() + timeout_s
     while True:

@@ -38,6 +38,7 @@ def test_reclaim_stops_our_cuda_processes_and_memory_returns(tmp_path):
     a, b = _hold(ex, 8 * GiB, tmp_path), _hold(ex, 4 * GiB, tmp_path)
     held = {pid: mib for _, pid, mib in gpu.compute_apps(ex)}
     assert a.pid in held and b.pid in held, held
+    assert gpu.holds_gpu(ex, a.pid) and gpu.holds_gpu(ex, b.pid)  # /proc confirms what nvidia-smi lists
     result = gpu.reclaim(ex, {a.pgid, b.pgid}, free_below_mib=idle + GiB, timeout_s=60)
     before, after = sum(result.before_mib.values()), sum(result.after_mib.values())
     print(f"idle {idle:.0f} MiB, before {before:.0f} MiB, after {after:.0f} MiB, stopped {result.stopped_pids}, "
