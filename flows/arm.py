@@ -23,7 +23,7 @@ from infra.swap import install as swap_module
 from infra.config import Profile
 from infra.executor import executor_for
 from infra.fingerprint import digest
-from infra.hostlock import host_lock
+from infra.hostlock import Lapse, LeaseLapsed, host_lock
 from infra import spread
 from infra.spread import RemoteRuns
 from infra.tracking import Tracker, interruption, signal_name
@@ -74,20 +74,24 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
     tracker, where = Tracker(tracking_uri), (experiment_id, parent_run_id)
     first = Window.start(tracker, arm, where, offline, fingerprint)
     windows, server, ready = [first], None, False
-    executor, held = executor_for(cfg.host), ExitStack()
+    executor, held, lock = executor_for(cfg.host), ExitStack(), None
     swaps = any(not same_server(arm, r.arm) for r in riders or [])  # the server takes other drafters of its shapes
     try:
         with first.attempt():
             if blockers:
                 raise StaticCheckFailed("; ".join(blockers) + " (the server was not started; --force launches anyway)")
             # one server per host at a time, across flow runs: queued here, held until teardown
-            first.ev.metrics["host_lock_wait_s"] = held.enter_context(host_lock(cfg.host, cfg.server_port))
+            hold = held.enter_context(host_lock(cfg.host, cfg.server_port))
+            first.ev.metrics["host_lock_wait_s"], lock = hold.wait_s, hold.lapse
             plan = plan_server(cfg, arm, workdir, swappable=swaps)
             first.params, first.ev.log_path = plan.params, plan.log_path
             first.ev.metrics.update(cleanup(executor, cfg.host))
             if swaps:
                 swap_module(executor, workdir)
+            first.lapse = lock
+            lock.check()  # a lock lost while waiting or cleaning up: no server starts unprotected
             server = launch_server(plan, executor)
+            lock.on_lapse(lambda: executor.stop_group(server.process.pgid, grace_s=5))  # nor runs on unprotected
             first.ev.server_cmd = server.process.command
             first.ev.metrics["server_ready_s"] = wait_healthy(server, cfg.health_timeout_s)
             ready = True
@@ -100,7 +104,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
             if swapping and not (ready and executor.is_alive(server.process.pid)):
                 break  # no server to swap into: the rest load afresh (flows/diagnose._measure)
             windows.append(w := Window.start(tracker, rider.arm, where, rider.offline, rider.fingerprint))
-            w.result.served_with = arm.name
+            w.result.served_with, w.lapse = arm.name, lock
             with w.attempt():
                 w.params = {**plan_server(cfg, rider.arm, workdir, swappable=swaps).params,
                             "server_shared_with": arm.name}
@@ -109,6 +113,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
                     raise ServerNotReady(f"it rides on {arm.name}'s server, which did not come up: "
                                          f"{first.result.error}")
                 if swapping:
+                    lock.check()
                     loaded, w.result.swapped_into = rider.arm, first.result.run_id
                     w.ev.metrics["swap_s"] = swap_drafter(server, rider.arm, cfg.swap.timeout_s)
                 w.measure(cfg, server, prompts, _asks(rider.arm, rider.offline, baseline_tok_s, learned["candidate"],
@@ -143,6 +148,7 @@ class Window:
     ev: ArmEvidence
     params: dict = field(default_factory=dict)
     began: float = field(default_factory=time.monotonic)
+    lapse: Lapse | None = None  # the host lock's: once it lapsed, the server was stopped, and the arm fails saying so
 
     @classmethod
     def start(cls, tracker: Tracker, arm: Arm, where: tuple[str, str], offline, fingerprint) -> "Window":
@@ -166,6 +172,8 @@ class Window:
             self.result.ok = True
         except Exception as exc:
             self.result.error = f"{type(exc).__name__}: {exc}"
+            if self.lapse is not None and self.lapse.event.is_set() and not isinstance(exc, LeaseLapsed):
+                self.result.error = f"LeaseLapsed: {self.lapse.why}; its server was stopped (then {self.result.error})"
             self.ev.bench = self.ev.bench or getattr(exc, "result", None)
             print(f"[{self.arm.name}] FAILED: {self.result.error}")
         except BaseException as exc:

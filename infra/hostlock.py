@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from uuid import UUID
 
@@ -28,10 +29,12 @@ from prefect.settings import PREFECT_API_URL
 from infra import registry
 from infra.config import HostConfig, SpecdiagError
 from infra.embedded import cache_dir
+from infra.prefect_boot import TEMPORARY
 
 HOST_SHARES = 64  # slots of a host's GPU-share limit: a whole-host server takes them all, a GPU set one
 LEASE_S = 60.0  # renewed while held; what a dead holder blocks for on a Prefect server that expires leases
 POLL_S = 1.0  # how often a waiter asks again
+RENEW_S = LEASE_S / 4  # how often a holder renews
 
 
 def lock_names(host: HostConfig, port: int) -> tuple[str, list[str]]:
@@ -53,8 +56,11 @@ def _ensure_limit(name: str, limit: int = 1) -> None:
 
 
 def _api() -> str:
-    """Which Prefect server a lease lives on: a configured one, or this process's own temporary one."""
-    return PREFECT_API_URL.value() or f"ephemeral:{os.getpid()}"
+    """Which Prefect server a lease lives on: a configured one, or this process's own temporary one (Prefect's, or
+    the one flows/diagnose.py starts early, infra/prefect_boot.py). Temporary servers share one database and expire
+    no leases: a dead holder's slots there are given back by the next process (reclaim_dead)."""
+    url = PREFECT_API_URL.value()
+    return f"ephemeral:{os.getpid()}" if not url or url == os.environ.get(TEMPORARY) else url
 
 
 def _acquire(client, names: list[str], occupy: int, what: str, progress_s: float, max_wait_s: float):
@@ -84,10 +90,50 @@ def _acquire(client, names: list[str], occupy: int, what: str, progress_s: float
         time.sleep(POLL_S)
 
 
+class Lapse:
+    """A held lock's leases, watched: lapsed once one of them can no longer be renewed (the Prefect server dropped it,
+    or renewals failed for so long that it may have expired). A lapsed lock protects nothing: another diagnosis may
+    take the host. The arm then stops its server (on_lapse) rather than run unprotected, and fails naming why."""
+
+    def __init__(self):
+        self.event, self.why, self._calls, self._lock = threading.Event(), "", [], threading.Lock()
+
+    def on_lapse(self, call) -> None:
+        """Call CALL() when the lease lapses (at once if it already has)."""
+        with self._lock:
+            self._calls.append(call)
+            now = self.event.is_set()
+        if now:
+            call()
+
+    def lapse(self, why: str) -> None:
+        with self._lock:
+            if self.event.is_set():
+                return
+            self.why = why
+            self.event.set()
+            calls = list(self._calls)
+        print(f"host lock lost: {why}")
+        for call in calls:
+            try:
+                call()
+            except Exception as exc:  # the next call still runs; the arm's end stops what is left
+                print(f"after the host lock was lost: {exc}")
+
+    def check(self) -> None:
+        """Raise LeaseLapsed if the lease has lapsed (before a step that starts or changes a server)."""
+        if self.event.is_set():
+            raise LeaseLapsed(self.why)
+
+
+class LeaseLapsed(SpecdiagError):
+    pass
+
+
 @contextmanager
-def _slots(names: list[str], occupy: int, what: str, progress_s: float, max_wait_s: float):
+def _slots(names: list[str], occupy: int, what: str, progress_s: float, max_wait_s: float, lapse: Lapse):
     """Hold the slots under a lease renewed while held, with a record of the holder on this machine: a waiter that
-    finds the holder dead (SIGKILL, OOM) gives the slots back."""
+    finds the holder dead (SIGKILL, OOM) gives the slots back. A lease that cannot be renewed lapses (Lapse)."""
     with get_client(sync_client=True) as client:
         lease = _acquire(client, names, occupy, what, progress_s, max_wait_s)
     record, held = _holders() / f"{lease}.json", threading.Event()
@@ -95,12 +141,22 @@ def _slots(names: list[str], occupy: int, what: str, progress_s: float, max_wait
                                               "lease": str(lease), "api": _api(), "since": time.time()}))
 
     def renew():
-        while not held.wait(LEASE_S / 4):
+        renewed = time.monotonic()
+        while not held.wait(RENEW_S):
             try:
                 with get_client(sync_client=True) as client:
                     client.renew_concurrency_lease(lease, LEASE_S)
+                renewed = time.monotonic()
+            except PrefectHTTPStatusError as exc:
+                if exc.response.status_code in (404, 410):  # the server holds no such lease: expired, or revoked
+                    return lapse.lapse(f"the Prefect server no longer holds the lease on {', '.join(names)} (it "
+                                       f"expired or was revoked): another diagnosis may take the host")
+                print(f"could not renew the host lock's lease: {exc}")
             except Exception as exc:  # a blip; the next renewal may pass
                 print(f"could not renew the host lock's lease: {exc}")
+            if time.monotonic() - renewed > LEASE_S - RENEW_S:  # it may expire before the next try
+                return lapse.lapse(f"the lease on {', '.join(names)} was not renewed for "
+                                   f"{time.monotonic() - renewed:.0f} s (Prefect server unreachable): it may have expired")
     threading.Thread(target=renew, daemon=True).start()
     try:
         yield
@@ -155,16 +211,24 @@ def reclaim_dead(client, names: list[str]) -> None:
             print(f"gave back {', '.join(entry['names'])}: diagnosis pid {entry['owner_pid']} died holding them")
 
 
+@dataclass
+class Held:
+    """A host lock held: how long it was waited for, and its Lapse."""
+
+    wait_s: float
+    lapse: Lapse
+
+
 @contextmanager
 def host_lock(host: HostConfig, port: int, progress_s: float = 15.0):
-    """Hold this server's GPUs and port on the host; yields the seconds spent waiting for them."""
+    """Hold this server's GPUs and port on the host; yields a Held (the seconds spent waiting, the leases' Lapse)."""
     share, exclusive = lock_names(host, port)
     _ensure_limit(share, HOST_SHARES)
     for name in exclusive:
         _ensure_limit(name)
-    start = time.monotonic()
+    start, lapse = time.monotonic(), Lapse()
     gpus = f"GPUs {','.join(map(str, sorted(set(host.gpus))))}" if host.gpus else "all GPUs"
     cap = host.lock_wait_s
-    with _slots([share], 1 if host.gpus else HOST_SHARES, f"{gpus} of host {host.name}", progress_s, cap), \
-            _slots(exclusive, 1, f"{gpus} and port {port} of host {host.name}", progress_s, cap):
-        yield time.monotonic() - start
+    with _slots([share], 1 if host.gpus else HOST_SHARES, f"{gpus} of host {host.name}", progress_s, cap, lapse), \
+            _slots(exclusive, 1, f"{gpus} and port {port} of host {host.name}", progress_s, cap, lapse):
+        yield Held(time.monotonic() - start, lapse)

@@ -11,6 +11,7 @@ import flows.arm as arm_flow
 from flows.diagnose import prepare
 from infra.arms import resolved_drafters, run_dir
 from infra.executor import LocalExecutor
+from infra.hostlock import Held, Lapse
 from infra.tracking import Tracker
 
 pytestmark = pytest.mark.e2e
@@ -35,7 +36,7 @@ def test_an_arm_whose_lock_release_and_log_read_fail_still_ends_recorded(prefect
                                                                         no_servers_left):
     @contextmanager
     def lock_that_cannot_be_released(host, port, progress_s=15.0):
-        yield 0.0
+        yield Held(0.0, Lapse())
         raise RuntimeError("Prefect server unreachable: the lease could not be released")
 
     monkeypatch.setattr(arm_flow, "host_lock", lock_that_cannot_be_released)

@@ -143,3 +143,38 @@ def test_records_are_written_whole_and_an_unreadable_one_is_kept(tmp_path, monke
     (tmp_path / "box-h-404.json").write_text('{"pid": 404, "ho')  # as a writer killed mid-write once left it
     assert [e["pid"] for e in registry.launched("box-h")] == [303]
     assert (tmp_path / "box-h-404.json").exists()  # not deleted: it may name a live server
+
+
+def test_a_lapsed_lease_stops_what_it_protected_and_says_why(prefect_server, monkeypatch):
+    """A lock whose lease the Prefect server no longer holds (expired while renewals failed, or revoked) protects
+    nothing: another diagnosis may take the host. The holder's server is stopped at once (on_lapse, as flows/arm.py
+    registers it), and the next step that would start or change a server refuses, naming why."""
+    import json
+    import subprocess
+    from uuid import UUID
+
+    import pytest
+    from prefect.client.orchestration import get_client
+
+    from infra import hostlock
+
+    monkeypatch.setattr(hostlock, "RENEW_S", 0.3)
+    server = subprocess.Popen(["sleep", "300"], start_new_session=True)  # stands for the vLLM server it protects
+    try:
+        with host_lock(HostConfig(name="box-h"), 8011) as hold:
+            hold.lapse.on_lapse(lambda: LocalExecutor().stop_group(server.pid, grace_s=2))
+            hold.lapse.check()  # held: nothing to say
+            time.sleep(1.0)
+            assert not hold.lapse.event.is_set()  # renewals pass while the lease is there
+            leases = [json.loads(f.read_text())["lease"] for f in hostlock._holders().glob("*.json")
+                      if "specdiag-host-box-h-port-8011" in f.read_text()]
+            with get_client(sync_client=True) as client:  # the server drops the lease
+                client.release_concurrency_slots_with_lease(UUID(leases[0]))
+            assert hold.lapse.event.wait(10), "the lapse went unnoticed"
+            assert server.wait(10) is not None  # its server stopped within seconds
+            assert "no longer holds the lease on specdiag-host-box-h-port-8011" in hold.lapse.why
+            with pytest.raises(hostlock.LeaseLapsed, match="another diagnosis may take the host"):
+                hold.lapse.check()
+    finally:
+        server.kill()
+        server.wait()
