@@ -5,6 +5,7 @@ import os
 import signal
 import sys
 import time
+from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from infra.promptsets import distinct as distinct_prompts, load as load_prompts
 from tasks.compare import compare, comparison_markdown
 from tasks.confirm import confirm, fix_arm
 from tasks.inspect import findings_markdown, inspect_arms, position_limit
-from tasks.offline import offline_eval
+from tasks.offline import Stop, offline_eval
 from tasks.plots import plots
 from tasks.report import report
 from tasks.reuse import PROFILE, fingerprints, newest_match, rerun_inputs, reuse_arm
@@ -74,9 +75,11 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
     cfg, plan, prompts = prepare(profile, {"drafter": drafter, "control": control, "arms": arms}, sets)
     tracker = Tracker()
     experiment = tracker.experiment(cfg.name)
+    tracker.end_orphans(experiment)  # a SIGKILLed diagnosis's runs, left RUNNING
     title = f"{cfg.drafter} vs {cfg.control or 'no control'}"
     parent = tracker.start(experiment, title, {"specdiag.kind": "diagnosis", "specdiag.drafter": cfg.drafter or "none"})
-    with tracker.terminated(parent):  # from its creation: it ends FINISHED, FAILED or KILLED, never RUNNING
+    # from its creation the parent ends FINISHED, FAILED or KILLED, never RUNNING; the offline evaluation ends with it
+    with tracker.terminated(parent), closing(Stop()) as stop:
         tracker.params(parent, {"profile": cfg.name, "arms": ",".join(a.name for a in plan)})
         tracker.text(parent, cfg.model_dump_json(indent=1), PROFILE)  # whole, secrets as markers: --rerun reads it
         tracker.text(parent, "\n".join(json.dumps({"prompt": p}) for p in prompts) + "\n", "prompts.jsonl")
@@ -86,7 +89,8 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
         static = findings_markdown(findings)
         tracker.text(parent, static, "static_checks.md")
         laps.lap("setup_s")
-        evaluating = offline_eval.submit(cfg, drafters, target, prompts[cfg.bench.warmup:], workdir, tracker, parent)
+        evaluating = offline_eval.submit(cfg, drafters, target, prompts[cfg.bench.warmup:], workdir, tracker, parent,
+                                         stop)
         if cfg.host.kind == "local":  # here it shares the first server's cores; a remote host's CPUs are idle
             evaluating.wait()        # while its GPUs load: there it runs beside the baseline's load
         laps.lap("offline_s")

@@ -23,6 +23,10 @@ class Completed:
     stderr: str
 
 
+class Cancelled(RuntimeError):
+    """A command stopped, its process group and all, because its caller ended (Ctrl-C, a cancellation)."""
+
+
 @dataclass(frozen=True)
 class Launched:
     pid: int
@@ -34,7 +38,7 @@ class Launched:
 class Executor(Protocol):
     host: str
 
-    def run(self, argv: list[str], timeout_s: float) -> Completed: ...
+    def run(self, argv: list[str], timeout_s: float, cancel=None) -> Completed: ...  # cancel: a threading.Event
     def which(self, program: str) -> str | None: ...
     def launch(self, argv: list[str], env: dict[str, str], log_path: str) -> Launched: ...
     def is_alive(self, pid: int) -> bool: ...
@@ -99,9 +103,25 @@ def shell_command(argv: list[str], env: dict[str, str]) -> str:
 class LocalExecutor:
     host = "local"
 
-    def run(self, argv: list[str], timeout_s: float) -> Completed:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
-        return Completed(proc.returncode, proc.stdout, proc.stderr)
+    def run(self, argv: list[str], timeout_s: float, cancel=None) -> Completed:
+        """ARGV's result; with CANCEL (a threading.Event), in its own process group, stopped group and all (raising
+        Cancelled) within a second of CANCEL being set."""
+        if cancel is None:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+            return Completed(proc.returncode, proc.stdout, proc.stderr)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                out, err = proc.communicate(timeout=0.5)
+                return Completed(proc.returncode, out, err)
+            except subprocess.TimeoutExpired:
+                if cancel.is_set() or time.monotonic() > deadline:
+                    self.stop_group(proc.pid, grace_s=3.0)
+                    proc.communicate()
+                    if cancel.is_set():
+                        raise Cancelled(f"{argv[-1] if argv else 'command'} stopped: the diagnosis ended") from None
+                    raise
 
     def which(self, program: str) -> str | None:
         return shutil.which(program)

@@ -24,7 +24,7 @@ import paramiko
 
 from infra import known_hosts
 from infra.config import HostConfig, SpecdiagError
-from infra.executor import Completed, Launched, escalate, shell_command
+from infra.executor import Cancelled, Completed, Launched, escalate, shell_command
 
 DROPS = (OSError, EOFError, paramiko.SSHException)
 PGID_MARK = "specdiag-pgid="
@@ -151,9 +151,10 @@ class SshExecutor:
             self._drop()
 
     # -- commands --------------------------------------------------------------------------------------
-    def _exec(self, command: str, timeout_s: float, idempotent: bool = True) -> Completed:
+    def _exec(self, command: str, timeout_s: float, idempotent: bool = True, cancel=None) -> Completed:
         """Run COMMAND in its own process group on the host (setsid), which reports its PGID first on stderr: a
-        command that outlives timeout_s is stopped there, group and all, not left running."""
+        command that outlives timeout_s, or whose CANCEL (a threading.Event) is set, is stopped there, group and
+        all, not left running."""
         wrapped = f"exec setsid -w sh -c {shlex.quote(f'echo {PGID_MARK}$$ >&2; {command}')}"
 
         def op(transport: paramiko.Transport) -> Completed:
@@ -172,8 +173,11 @@ class SshExecutor:
                         break
                     if not transport.is_active():
                         raise EOFError("SSH connection dropped")
+                    if cancel is not None and cancel.is_set():
+                        self._stop_group_of(err, "was cancelled")
+                        raise Cancelled(f"{command[-80:]} stopped on {self.host}: the diagnosis ended")
                     if time.monotonic() > deadline:
-                        self._stop_timed_out(err)
+                        self._stop_group_of(err, "ran past its timeout")
                         raise subprocess.TimeoutExpired(command, timeout_s)
                 return Completed(chan.recv_exit_status(), out.decode("utf-8", "replace"),
                                  _without_mark(err.decode("utf-8", "replace")))
@@ -181,15 +185,15 @@ class SshExecutor:
                 chan.close()
         return self._retrying(op, idempotent)
 
-    def _stop_timed_out(self, err: bytearray) -> None:
+    def _stop_group_of(self, err: bytearray, why: str) -> None:
         found = re.match(rf"{PGID_MARK}(\d+)", err.decode("utf-8", "replace"))
         if found:
             left = self.stop_group(int(found.group(1)), grace_s=3.0)
-            print(f"{self.host}: a command ran past its timeout; its process group {found.group(1)} was stopped"
+            print(f"{self.host}: a command {why}; its process group {found.group(1)} was stopped"
                   + (f" except {left}" if left else ""))
 
-    def run(self, argv: list[str], timeout_s: float) -> Completed:
-        return self._exec(shlex.join(argv), timeout_s)
+    def run(self, argv: list[str], timeout_s: float, cancel=None) -> Completed:
+        return self._exec(shlex.join(argv), timeout_s, cancel=cancel)
 
     def _sh(self, script: str, timeout_s: float = 30.0) -> Completed:
         return self._exec(script, timeout_s)

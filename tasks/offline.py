@@ -7,6 +7,7 @@ reads the user's hidden-state dumps there instead (offline.hidden_states): then 
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -110,11 +111,19 @@ def build_job(cfg: Profile, fs, chosen: list[Arm], target_path: str, prompts: li
     return job, skip_reason(cfg, target)
 
 
+class Stop(threading.Event):
+    """The diagnosis's end, for an evaluation still running: closed (set) as the diagnosis's block exits, however it
+    exits (a Ctrl-C, a cancellation), the evaluation's process group is stopped where it runs, within seconds."""
+
+    close = threading.Event.set
+
+
 @task(name="offline-eval", cache_policy=NO_CACHE)
 def offline_eval(cfg: Profile, arms: list[Arm], target: str, prompts: list[str], workdir: str,
-                 tracker: Tracker, parent_run_id: str,
+                 tracker: Tracker, parent_run_id: str, cancel=None,
                  timeout_s: float = 900.0) -> OfflineResult:
-    """Offline metrics for the arms whose method the profile's `offline_eval` selects.
+    """Offline metrics for the arms whose method the profile's `offline_eval` selects. cancel: a threading.Event the
+    diagnosis sets when it ends: an evaluation still running then is stopped, its process group and all, on its host.
 
     A failure here never stops the diagnosis (the served arms still run); it is the parent run's tag
     `specdiag.offline_eval`, its error file, and a line in the verdict's evidence.
@@ -131,7 +140,7 @@ def offline_eval(cfg: Profile, arms: list[Arm], target: str, prompts: list[str],
             done = None
         else:
             job_file.write_text(json.dumps(job, indent=2))
-            done = _run(cfg, executor, job_file, workdir, timeout_s, out_file)
+            done = _run(cfg, executor, job_file, workdir, timeout_s, out_file, cancel)
             print(f"offline evaluation of {', '.join(a.name for a in chosen)} "
                   f"{'from ' + job['hidden_states'] if job['hidden_states'] else f'on {len(prompts)} prompts'}")
     except Exception as exc:  # e.g. the timeout: the diagnosis goes on without offline numbers
@@ -143,7 +152,7 @@ def offline_eval(cfg: Profile, arms: list[Arm], target: str, prompts: list[str],
     return result
 
 
-def _run(cfg: Profile, executor, job_file: Path, workdir: str, timeout_s: float, out_file: Path) -> Completed:
+def _run(cfg: Profile, executor, job_file: Path, workdir: str, timeout_s: float, out_file: Path, cancel) -> Completed:
     """The engine-side script where the target (or the dumps) are; its JSON back in out_file."""
     python = cfg.offline.python or cfg.engine_python
     if python is None:  # the embedded engine's: it gets what reading speculators' loss masks needs
@@ -156,7 +165,7 @@ def _run(cfg: Profile, executor, job_file: Path, workdir: str, timeout_s: float,
             executor.put(embedded.ENGINE_SIDE / f, f"{workdir}/engine_side/{f}")
         script = f"{workdir}/engine_side/{SCRIPT.name}"
     remote_job, remote_out = executor.put(job_file, f"{workdir}/offline_job.json"), f"{workdir}/offline_eval.json"
-    done = executor.run([python, str(script), remote_job, remote_out], timeout_s)
+    done = executor.run([python, str(script), remote_job, remote_out], timeout_s, cancel=cancel)
     if done.returncode == 0:
         executor.fetch(remote_out, out_file)
     return done
