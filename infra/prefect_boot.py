@@ -18,6 +18,20 @@ import sys
 from pathlib import Path
 
 
+TEMPORARY = "SPECDIAG_TEMPORARY_PREFECT_API"  # the API URL of this process's own temporary server (infra/hostlock.py)
+
+
+def _die_with(parent: int):
+    """For the child, before it runs: SIGTERM when PARENT dies, however it dies (Linux's PR_SET_PDEATHSIG). The
+    server is started from the main thread, before any other: the death signal follows that thread, i.e. the process."""
+    def arm() -> None:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
+        if os.getppid() != parent:  # the parent died before the line above
+            os._exit(0)
+    return arm
+
+
 class EarlyServer:
     def __init__(self):
         with socket.socket() as s:
@@ -30,7 +44,8 @@ class EarlyServer:
             [sys.executable, "-m", "uvicorn", "--app-dir", str(app_dir), "--factory",
              "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
              "--log-level", "error", "--lifespan", "on"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)  # not stopped by the terminal's Ctrl-C: the flow's teardown still reports to it
+            start_new_session=True,  # not stopped by the terminal's Ctrl-C: the flow's teardown still reports to it
+            preexec_fn=_die_with(os.getpid()))  # nor left running by a SIGKILL of this process
         atexit.register(self.stop)  # registered before Prefect's own hooks, so it runs after them
 
     @property
@@ -56,7 +71,7 @@ class EarlyServer:
         except RuntimeError:  # Prefect's own start says why
             self.stop()
             return {}
-        os.environ["PREFECT_API_URL"] = self.api_url
+        os.environ["PREFECT_API_URL"] = os.environ[TEMPORARY] = self.api_url
         refresh_global_settings_context()  # Prefect reads its settings at import: this makes it read them again
         return {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
 

@@ -5,6 +5,7 @@ Prefect tasks do not see it.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -18,10 +19,12 @@ import pandas as pd
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
+from infra import registry
 from infra.config import PROJECT_ROOT, SpecdiagError
 from infra.secrets import redact
 
 MAX_PARAM = 6000
+OWNER = "specdiag.owner"  # the process that ends the run: registry.owner()
 # A new sqlite store logs "Creating initial MLflow database tables..." to stderr on first use: on a new user's first
 # run, before anything specdiag says (a bad input's one-line error included). Warnings still show.
 logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
@@ -140,9 +143,29 @@ class Tracker:
         self.client.set_tag(run_id, NOTE, redact(text))
 
     def start(self, experiment_id: str, name: str, tags: dict[str, str], parent: str | None = None) -> str:
-        if parent:
-            tags = {**tags, "mlflow.parentRunId": parent}
+        """A run tagged with the process that ends it (OWNER): if that process dies unended, the next start ends it."""
+        tags = {**tags, OWNER: json.dumps(registry.owner()), **({"mlflow.parentRunId": parent} if parent else {})}
         return self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+
+    def end_orphans(self, experiment_id: str) -> list[str]:
+        """Runs of this experiment left RUNNING by a specdiag process of this machine that is gone (SIGKILL, OOM, a
+        reboot): ended KILLED, with why. A run of a live process, or of another machine, is left alone."""
+        ended = []
+        for run in self.client.search_runs([experiment_id], "attributes.status = 'RUNNING'", max_results=1000):
+            try:
+                owner = json.loads(run.data.tags[OWNER])
+            except (KeyError, ValueError):  # not started by specdiag's Tracker: not ours to judge
+                continue
+            if registry.owner_alive(owner):
+                continue
+            why = (f"its process (pid {owner['owner_pid']} on {owner['machine']}) ended without ending the run "
+                   "(SIGKILL, out of memory, a reboot); ended KILLED by the next diagnosis")
+            self.client.set_tag(run.info.run_id, "specdiag.error", why)
+            self.client.set_terminated(run.info.run_id, "KILLED")
+            ended.append(run.info.run_id)
+        if ended:
+            print(f"ended {len(ended)} run(s) left RUNNING by a diagnosis that died: KILLED")
+        return ended
 
     def params(self, run_id: str, params: dict[str, object]) -> None:
         batch = [Param(k, redact(str(v))[:MAX_PARAM]) for k, v in params.items()]

@@ -33,10 +33,11 @@ class Running:
     def output(self) -> str:
         return Path(self.log.name).read_text()
 
-    def runs(self) -> dict:
+    def runs(self, besides: frozenset = frozenset()) -> dict:
+        """This store's runs by arm ("parent" for the diagnosis), other than those of the run ids BESIDES."""
         client = MlflowClient(self.uri)
         runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
-        return {r.data.tags.get("specdiag.arm", "parent"): r for r in runs}
+        return {r.data.tags.get("specdiag.arm", "parent"): r for r in runs if r.info.run_id not in besides}
 
 
 @pytest.fixture
@@ -45,10 +46,11 @@ def start(prefect_server, tmp_path):
     from prefect.settings import PREFECT_API_URL
     started = []
 
-    def go(name: str, *args: str) -> Running:
-        uri = f"sqlite:///{tmp_path}/{name}.db"
-        env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PREFECT_API_URL": PREFECT_API_URL.value(),
-               "PYTHONUNBUFFERED": "1"}
+    def go(name: str, *args: str, store: str | None = None, bare: bool = False) -> Running:
+        """store: another diagnosis's MLflow store; bare: on its own temporary Prefect server, as a user runs it."""
+        uri = f"sqlite:///{tmp_path}/{store or name}.db"
+        env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1",
+               **({} if bare else {"PREFECT_API_URL": PREFECT_API_URL.value()})}
         log = open(tmp_path / f"{name}.out", "w+")
         # Ctrl-C live, as in a terminal, however the suite itself was started: a shell starting it as a background job
         # without job control leaves SIGINT ignored in every child, and a Python started so never raises
@@ -118,14 +120,24 @@ def test_ctrl_c_stops_the_server_and_the_queued_diagnosis_then_runs(start, no_se
     assert runs["ngram"].data.metrics["sys/host_lock_wait_s"] > 0.5  # it waited for the host, it did not fail
 
 
+def _children(pid: int, marker: str) -> list[int]:
+    done = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(line.split()[0]) for line in done.stdout.splitlines() if marker in line]
+
+
 def test_a_killed_flow_is_cleaned_up_by_the_next_and_sigterm_ends_like_ctrl_c(start, no_servers_left):
-    dead = start("dead", *ARGS)
+    """Both run bare, as a user does: each on its own temporary Prefect server (one database, no lease expiry)."""
+    dead = start("dead", *ARGS, bare=True)
     orphan = _server_of(dead.proc.pid)
-    dead.proc.kill()  # SIGKILL: no finally runs; its server (own process group) and its host lease outlive it
+    [prefect] = _children(dead.proc.pid, "uvicorn")  # its temporary Prefect server
+    dead.proc.kill()  # SIGKILL: no finally runs; its server (own process group), host lease and runs outlive it
     dead.wait(30)
     assert not _gone(orphan["pgid"])
+    _until(lambda: not LocalExecutor().is_alive(prefect), "its temporary Prefect server to stop with it", 15)
+    left = {r.info.run_id: r.info.status for r in dead.runs().values()}
+    assert set(left.values()) == {"RUNNING"} and len(left) == 2, left  # the diagnosis and its first arm
 
-    nxt = start("next", *ARGS)  # waits out the dead flow's lease, then its cleanup stops the orphan
+    nxt = start("next", *ARGS, store="dead", bare=True)  # gives back the dead's slots, stops the orphan, ends its runs
     server = _server_of(nxt.proc.pid, timeout=400)
     assert _gone(orphan["pgid"])
     time.sleep(3)
@@ -133,9 +145,15 @@ def test_a_killed_flow_is_cleaned_up_by_the_next_and_sigterm_ends_like_ctrl_c(st
     code, out = nxt.wait(120)
     assert code == 130, out[-3000:]
     assert f"stopping stale server pid {orphan['pid']}" in out
+    assert f"diagnosis pid {dead.proc.pid} died holding them" in out
     assert "specdiag: interrupted (SIGTERM) during arm ngram" in out
     assert _gone(server["pgid"])
-    runs = nxt.runs()
+    client = MlflowClient(dead.uri)
+    for run_id in left:  # the dead's runs: ended, saying why
+        run = client.get_run(run_id)
+        assert run.info.status == "KILLED", run.info
+        assert f"its process (pid {dead.proc.pid} on" in run.data.tags["specdiag.error"]
+    runs = nxt.runs(besides=frozenset(left))
     assert runs["ngram"].info.status == "KILLED" and runs["parent"].info.status == "KILLED"
     assert runs["ngram"].data.metrics["sys/stale_servers_stopped"] == 1
 
