@@ -270,10 +270,14 @@ def _read_back(tracker: Tracker, params: dict, arm: Arm, flow_run, host: str) ->
              f"and tags.`specdiag.kind` = 'arm'")
     found = tracker.client.search_runs([params["experiment_id"]], where, order_by=["attributes.start_time DESC"],
                                        max_results=1)
-    if found:
-        return arm_result(tracker, found[0], arm.role)
     error = f"its flow run {flow_run.name} on host {host} ended {flow_run.state.name} before recording anything: " \
             f"{flow_run.state.message or 'see the worker log'}"
+    if found and found[0].info.status == "RUNNING":  # its worker was lost while it measured: ended here
+        tracker.tag(found[0].info.run_id, "specdiag.error", error[:500])
+        tracker.finish(found[0].info.run_id, False)
+        found = [tracker.client.get_run(found[0].info.run_id)]
+    if found:
+        return arm_result(tracker, found[0], arm.role)
     name, tags = arm_run(arm)
     run_id = tracker.start(params["experiment_id"], name, tags, parent=params["parent_run_id"])
     tracker.tag(run_id, "specdiag.error", error[:500])

@@ -19,16 +19,18 @@ from typing import Callable, TypeVar
 
 import httpx
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.objects import FlowRun
+from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_URL
-from prefect.states import Cancelling
+from prefect.states import Cancelling, Crashed
 
 from infra.config import PROJECT_ROOT, Profile, SpecdiagError, load_profile
 
 POLL_S = 1.0  # how often a dispatched arm's flow run is read back
 WORKER_SILENT_S = 90.0  # a queue polled longer ago than this has no live worker
+LOST_S = 300.0  # a taken run whose worker is this silent is lost with it (a worker killed alone lets its run finish)
+CHECK_S = 10.0  # how often a waiting diagnosis asks whether the worker is still there
 T, R = TypeVar("T"), TypeVar("R")
 
 
@@ -115,16 +117,17 @@ def _plain(value):
 
 def unpolled(pool: str, hosts: list[str]) -> list[str]:
     """The hosts whose queue no worker polled in the last WORKER_SILENT_S (or that have none)."""
-    now, out = datetime.now(timezone.utc), []
+    return [h for h in hosts if silent_for(pool, h) > WORKER_SILENT_S]
+
+
+def silent_for(pool: str, host: str) -> float:
+    """Seconds since a worker last polled HOST's queue; infinite where none ever did (or there is no such queue)."""
     with get_client(sync_client=True) as client:
-        for host in hosts:
-            try:
-                polled = client.read_work_queue_by_name(queue_name(host), work_pool_name=pool).last_polled
-            except ObjectNotFound:
-                polled = None
-            if polled is None or (now - polled).total_seconds() > WORKER_SILENT_S:
-                out.append(host)
-    return out
+        try:
+            polled = client.read_work_queue_by_name(queue_name(host), work_pool_name=pool).last_polled
+        except ObjectNotFound:
+            polled = None
+    return float("inf") if polled is None else (datetime.now(timezone.utc) - polled).total_seconds()
 
 
 def dispatch(hosts: list[str], items: list[T], run: Callable[[T, str], R]) -> list[R]:
@@ -162,8 +165,13 @@ class RemoteRuns:
             self.live.add(flow_run.id)
         try:
             with get_client(sync_client=True) as client:
+                checked = time.monotonic()
                 while not (flow_run := client.read_flow_run(flow_run.id)).state.is_final():
                     time.sleep(POLL_S)
+                    if time.monotonic() - checked > CHECK_S:
+                        checked, lost = time.monotonic(), self.lost(host, flow_run)
+                        if lost:  # ended here, so that the arm fails saying why (flows/arm._read_back)
+                            client.set_flow_run_state(flow_run.id, Crashed(message=lost), force=True)
             return flow_run
         except BaseException:  # Ctrl-C while this thread waits (a --confirm arm): its worker stops it too
             self.cancel({flow_run.id})
@@ -171,6 +179,16 @@ class RemoteRuns:
         finally:
             with self._lock:
                 self.live.discard(flow_run.id)
+
+    def lost(self, host: str, flow_run: FlowRun) -> str | None:
+        """Why the flow run will never end, if its worker is gone: no worker polled HOST's queue in WORKER_SILENT_S,
+        and the run was never taken (or, taken, its worker has been silent for LOST_S: a host or container gone)."""
+        silent = silent_for(self.pool, host)
+        taken = flow_run.state.type not in (StateType.SCHEDULED, StateType.PENDING)
+        if silent <= (LOST_S if taken else WORKER_SILENT_S):
+            return None
+        return (f"no worker polled queue {queue_name(host)} of pool {self.pool} for {silent:.0f} s: the worker of host "
+                f"{host} is gone{' while it ran the arm' if taken else ''}. Start one: {worker_command(self.pool, host)}")
 
     def cancel(self, which: set | None = None) -> None:
         """Every arm still running (or those of `which`): its worker stops the flow run, whose teardown stops its

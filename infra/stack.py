@@ -44,7 +44,8 @@ def prefect_server(home: Path, timeout_s: float = 180, auth: str | None = None):
 
 @contextmanager
 def workers(api_url: str, pool: str, hosts: list[str], logs: Path, timeout_s: float = 120, env: dict | None = None):
-    """The pool, the arm deployment, and one worker per host polling its queue; yields once every queue is polled.
+    """The pool, the arm deployment, and one worker per host polling its queue; yields once every queue is polled:
+    host -> its worker's process.
     env: more of the workers' environment (the services' credentials: PREFECT_API_AUTH_STRING, MLflow's)."""
     env = {**os.environ, "PREFECT_API_URL": api_url, "SPECDIAG_HOME": str(PROJECT_ROOT), "PYTHONUNBUFFERED": "1",
            "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **(env or {})}
@@ -52,9 +53,10 @@ def workers(api_url: str, pool: str, hosts: list[str], logs: Path, timeout_s: fl
     _prefect(env, "--no-prompt", "deploy", "--name", "spread")
     logs.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
+        procs = {}
         for host in hosts:
             _prefect(env, "work-queue", "create", queue_name(host), "--pool", pool)  # a worker does not create it
-            stack.enter_context(service(
+            procs[host] = stack.enter_context(service(
                 [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--work-queue", queue_name(host),
                  "--limit", "1", "--name", f"specdiag-{host}"], logs / f"worker-{host}.log", env, PROJECT_ROOT))
         deadline = time.monotonic() + timeout_s
@@ -64,7 +66,7 @@ def workers(api_url: str, pool: str, hosts: list[str], logs: Path, timeout_s: fl
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"workers did not poll their queues in {timeout_s:.0f} s (see {logs})")
                 time.sleep(1)
-        yield
+        yield procs
 
 
 SSHD = "/usr/sbin/sshd"

@@ -3,6 +3,9 @@
 The hosts are `local` and the loopback sshd (tests/ssh), each server pinned to its own core and port, each host's
 arms run by its own `prefect worker` process on its own work queue. The same diagnosis run in order on one host
 (the session's demo diagnosis, tests/conftest.py) gives the same verdict."""
+import contextvars
+import threading
+import time
 from pathlib import Path
 from secrets import token_urlsafe
 
@@ -15,7 +18,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName, FlowRunFilter
 from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-from infra import embedded
+from infra import embedded, spread
 from infra.browser import mlflow_server
 from infra.config import PROFILES_DIR
 from infra.stack import prefect_server as prefect_server_at, workers
@@ -49,7 +52,7 @@ def test_demo_diagnosis_spread_over_two_hosts_by_prefect_workers(prefect_server,
              "MLFLOW_TRACKING_PASSWORD": mlflow_auth[1]}
     with prefect_server_at(tmp_path / "prefect", auth=prefect_auth) as api, \
             mlflow_server(f"sqlite:///{tmp_path}/mlflow.db", artifacts=tmp_path / "artifacts", auth=mlflow_auth) \
-            as tracking, workers(api, "specdiag", ["local", "sshbox"], tmp_path / "workers", env=creds):
+            as tracking, workers(api, "specdiag", ["local", "sshbox"], tmp_path / "workers", env=creds) as procs:
         for url in (f"{api}/admin/version", f"{tracking}/api/2.0/mlflow/experiments/search?max_results=1"):
             assert httpx.get(url, timeout=10).status_code == 401, url  # no credentials, no answer
         for key, value in creds.items():
@@ -60,9 +63,11 @@ def test_demo_diagnosis_spread_over_two_hosts_by_prefect_workers(prefect_server,
             with get_client(sync_client=True) as client:
                 flow_runs = client.read_flow_runs(deployment_filter=DeploymentFilter(
                     name=DeploymentFilterName(any_=["spread"])), flow_run_filter=FlowRunFilter())
+            lost = _handed_to_a_dead_worker(procs["sshbox"], flow_runs[0].parameters, monkeypatch)
         parent, arms = done.parent, done.arms
         artifacts = {n: {a.path for a in MlflowClient(tracking).list_artifacts(r.info.run_id)} for n, r in arms.items()}
     assert set(arms) == set(demo.arms) == {"baseline", "smol-permuted", "smol-self"}
+    assert lost.state.type.value == "CRASHED" and "the worker of host sshbox is gone" in lost.state.message
     # every arm was measured by a worker, on both hosts, recorded through the one tracking server
     hosts = {name: run.data.params["host"] for name, run in arms.items()}
     assert set(hosts.values()) == {"local", "sshbox"}, hosts
@@ -88,3 +93,21 @@ def test_demo_diagnosis_spread_over_two_hosts_by_prefect_workers(prefect_server,
     # prompts and settings, its arms one after another in the diagnosis's own process)
     assert parent.data.tags["specdiag.verdict"] == demo.parent.data.tags["specdiag.verdict"]
     assert parent.data.tags["specdiag.verdict"] in done.output
+
+
+def _handed_to_a_dead_worker(worker, parameters: dict, monkeypatch):
+    """An arm handed to a host whose worker died is not waited for forever: once its queue goes unpolled (3 s here,
+    the workers poll every second; WORKER_SILENT_S in use), the flow run is ended CRASHED, saying why."""
+    worker.kill()
+    worker.wait(10)
+    monkeypatch.setattr(spread, "WORKER_SILENT_S", 3.0)
+    monkeypatch.setattr(spread, "CHECK_S", 1.0)
+    out, start = {}, time.monotonic()
+    context = contextvars.copy_context()  # this block's Prefect settings (the authenticated server), in the thread
+    waiter = threading.Thread(target=lambda: context.run(lambda: out.update(run=spread.RemoteRuns(
+        "arm/spread", "specdiag").run("sshbox", parameters, "lost"))), daemon=True)
+    waiter.start()
+    waiter.join(60)
+    assert not waiter.is_alive(), "waited on for a dead worker"
+    assert time.monotonic() - start < 30
+    return out["run"]
