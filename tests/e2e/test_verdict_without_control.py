@@ -17,9 +17,10 @@ def _prefect_servers() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def defaults_store(tmp_path_factory) -> str:
-    """One MLflow store for the diagnoses below that keep the benchmark's defaults: a later one reuses the baseline."""
-    return f"sqlite:///{tmp_path_factory.mktemp('no-control')}/mlflow.db"
+def defaults_store(demo, demo_store) -> str:
+    """The diagnoses below keep the benchmark's defaults: on the demo's store, each reuses the baseline the session's
+    demo diagnosis measured (one server load fewer each), as a user's next diagnosis does."""
+    return demo_store
 
 
 def test_drafter_that_never_drafts_is_named_spec_disabled(prefect_server, defaults_store, no_servers_left):
@@ -30,6 +31,7 @@ def test_drafter_that_never_drafts_is_named_spec_disabled(prefect_server, defaul
     assert done.returncode == 0, done.output[-3000:]
     assert _prefect_servers() == before and "sys/startup_s" in done.parent.data.metrics
     cand = done.arms["ngram-never"].data
+    assert "specdiag.reused_from" in done.arms["baseline"].data.tags  # the demo's, not loaded again
     assert cand.metrics["num_drafts"] == 0 and cand.metrics["sys/output_tokens"] > 0
     assert done.parent.data.tags["specdiag.verdict"] == "spec_disabled"
 
@@ -92,8 +94,7 @@ def test_a_checkpoint_the_engine_cannot_map_is_stopped_before_its_load(prefect_s
                                                                       no_servers_left):
     """The demo head with its d2t dropped (draft vocab 4096 < 49152): the engine would read draft id i as target id
     i. The static check gates the arm: no server is started for it, the diagnosis goes on with its other arms, the
-    verdict cites it. With the benchmark's defaults on the store above, its baseline is the one measured there (run
-    alone, it is measured now)."""
+    verdict cites it. With the benchmark's defaults on the demo's store, its baseline is the one measured there."""
     done = diagnose(defaults_store, "--drafter", "smol-eagle3-nod2t", "--no-control")
     assert done.returncode == 1  # an arm failed
     assert "[smol-eagle3-nod2t] launched pid" not in done.output

@@ -25,6 +25,7 @@ def hold_host(host_name: str, gpus: list[int] | None, port: int, log_path: str) 
 def _overlap(a, b, tmp_path) -> bool:
     """Run two holders (host, gpus, port) at once: True when their servers' lifetimes intersect."""
     spans = []
+    tmp_path.mkdir(parents=True, exist_ok=True)
     threads = [threading.Thread(target=lambda h, p: spans.append(hold_host(*h, p)), args=(h, str(tmp_path / f"{i}.log")))
                for i, h in enumerate((a, b))]
     for t in threads:
@@ -37,13 +38,21 @@ def _overlap(a, b, tmp_path) -> bool:
 
 
 def test_servers_sharing_a_gpu_or_a_port_queue_and_others_run_side_by_side(prefect_server, tmp_path, capsys):
-    assert _overlap(("box-a", None, 8011), ("box-a", None, 8011), tmp_path) is False
-    assert "waiting" in capsys.readouterr().out  # the queued one says what it waits for, while it waits
-    assert _overlap(("box-b", None, 8011), ("box-c", None, 8011), tmp_path) is True  # two hosts
-    assert _overlap(("box-d", [0, 1], 8011), ("box-d", [1, 2], 8012), tmp_path) is False  # GPU 1 in both
-    assert _overlap(("box-d", [0], 8011), ("box-d", [1], 8012), tmp_path) is True  # disjoint GPUs and ports
-    assert _overlap(("box-d", [0], 8011), ("box-d", [1], 8011), tmp_path) is False  # one port
-    assert _overlap(("box-e", None, 8011), ("box-e", [3], 8012), tmp_path) is False  # all GPUs vs one
+    from concurrent.futures import ThreadPoolExecutor
+
+    cases = {  # name: the pairs on one host, tried in turn -> whether each pair's servers ran at once
+        "a": [(("box-a", None, 8011), ("box-a", None, 8011), False)],  # one host, all GPUs: queued
+        "bc": [(("box-b", None, 8011), ("box-c", None, 8011), True)],  # two hosts
+        "d": [(("box-d", [0, 1], 8011), ("box-d", [1, 2], 8012), False),  # GPU 1 in both
+              (("box-d", [0], 8011), ("box-d", [1], 8012), True),  # disjoint GPUs and ports
+              (("box-d", [0], 8011), ("box-d", [1], 8011), False)],  # one port
+        "e": [(("box-e", None, 8011), ("box-e", [3], 8012), False)]}  # all GPUs vs one
+    # hosts that share nothing are tried at once (the locks of one host never see another's)
+    with ThreadPoolExecutor(len(cases)) as pool:
+        found = dict(zip(cases, pool.map(lambda name: [_overlap(a, b, tmp_path / f"{name}{i}")
+                                                         for i, (a, b, _) in enumerate(cases[name])], cases)))
+    assert found == {name: [ran for _, _, ran in pairs] for name, pairs in cases.items()}
+    assert "waiting" in capsys.readouterr().out  # a queued one says what it waits for, while it waits
 
 
 def test_registry_entries_belong_to_the_exact_host_named(tmp_path, monkeypatch):
