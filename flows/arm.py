@@ -26,7 +26,7 @@ from infra.fingerprint import digest
 from infra.hostlock import Lapse, LeaseLapsed, host_lock
 from infra import spread
 from infra.spread import RemoteRuns
-from infra.tracking import Tracker, interruption, signal_name
+from infra.tracking import Tag, Tracker, interruption, signal_name
 from tasks.acceptance import request_acceptance, request_metrics
 from tasks.bench import benchmark, sweep, sweep_metrics, warmup
 from tasks.cleanup import cleanup
@@ -266,21 +266,18 @@ def remote_arm(runs: RemoteRuns, host: str, params: dict) -> list[ArmResult]:
 
 
 def _read_back(tracker: Tracker, params: dict, arm: Arm, flow_run, host: str) -> ArmResult:
-    where = (f"tags.mlflow.parentRunId = '{params['parent_run_id']}' and tags.`specdiag.arm` = '{arm.name}' "
-             f"and tags.`specdiag.kind` = 'arm'")
-    found = tracker.client.search_runs([params["experiment_id"]], where, order_by=["attributes.start_time DESC"],
-                                       max_results=1)
+    found = tracker.arm_run(params["experiment_id"], params["parent_run_id"], arm.name)
     error = f"its flow run {flow_run.name} on host {host} ended {flow_run.state.name} before recording anything: " \
             f"{flow_run.state.message or 'see the worker log'}"
-    if found and found[0].info.status == "RUNNING":  # its worker was lost while it measured: ended here
-        tracker.tag(found[0].info.run_id, "specdiag.error", error[:500])
-        tracker.finish(found[0].info.run_id, False)
-        found = [tracker.client.get_run(found[0].info.run_id)]
+    if found and found.info.status == "RUNNING":  # its worker was lost while it measured: ended here
+        tracker.tag(found.info.run_id, Tag.ERROR, error[:500])
+        tracker.finish(found.info.run_id, False)
+        found = tracker.run(found.info.run_id)
     if found:
-        return arm_result(tracker, found[0], arm.role)
+        return arm_result(tracker, found, arm.role)
     name, tags = arm_run(arm)
     run_id = tracker.start(params["experiment_id"], name, tags, parent=params["parent_run_id"])
-    tracker.tag(run_id, "specdiag.error", error[:500])
+    tracker.tag(run_id, Tag.ERROR, error[:500])
     tracker.finish(run_id, False)
     print(f"[{arm.name}] FAILED: {error}")
     return ArmResult(arm.name, arm.role, run_id, False, error)

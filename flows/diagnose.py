@@ -29,7 +29,7 @@ from infra import secrets, spread, swap
 from infra.arms import plan_arms, resolved_drafters, resolved_target, run_dir, shared_servers, validate_inputs
 from infra.config import PROJECT_ROOT, DrafterRef, NoControl, ProfileRef, SpecdiagError, load_profile
 from infra.fingerprint import digest
-from infra.tracking import Tracker, check_store, interrupted_where, interruption, signal_name, tracking_uri
+from infra.tracking import Tag, Tracker, check_store, interrupted_where, interruption, signal_name, tracking_uri
 from infra.promptsets import distinct as distinct_prompts, load as load_prompts
 from tasks.compare import compare, comparison_markdown
 from tasks.confirm import confirm, fix_arm
@@ -77,7 +77,7 @@ def diagnose(profile: ProfileRef = "demo", drafter: DrafterRef | None = None,
     experiment = tracker.experiment(cfg.name)
     tracker.end_orphans(experiment)  # a SIGKILLed diagnosis's runs, left RUNNING
     title = f"{cfg.drafter} vs {cfg.control or 'no control'}"
-    parent = tracker.start(experiment, title, {"specdiag.kind": "diagnosis", "specdiag.drafter": cfg.drafter or "none"})
+    parent = tracker.start(experiment, title, {Tag.KIND: "diagnosis", Tag.DRAFTER: cfg.drafter or "none"})
     # from its creation the parent ends FINISHED, FAILED or KILLED, never RUNNING; the offline evaluation ends with it
     with tracker.terminated(parent), closing(Stop()) as stop:
         tracker.params(parent, {"profile": cfg.name, "arms": ",".join(a.name for a in plan)})

@@ -16,7 +16,7 @@ if __package__ in (None, ""):  # run as `python flows/verdict.py`
 
 from mlflow.exceptions import MlflowException  # noqa: E402
 
-from infra.tracking import Tracker  # noqa: E402
+from infra.tracking import Tag, Tracker  # noqa: E402
 from tasks.inspect import Finding  # noqa: E402
 from tasks.offline import OfflineResult  # noqa: E402
 from tasks.reuse import arm_result  # noqa: E402
@@ -25,27 +25,26 @@ from tasks.verdict import EVIDENCE, assemble  # noqa: E402
 
 def gather(tracker: Tracker, run_ids: list[str], candidate: str | None):
     """(arm results, findings, offline, the recorded cause) from diagnosis and arm runs."""
-    client, runs, findings, offline, recorded = tracker.client, [], {}, OfflineResult(), None
+    runs, findings, offline, recorded = [], {}, OfflineResult(), None
     for rid in run_ids:
-        run = client.get_run(rid)
-        if run.data.tags.get("specdiag.kind") == "diagnosis":
-            recorded = run.data.tags.get("specdiag.verdict") if len(run_ids) == 1 else None
-            arms = client.search_runs([run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{rid}'",
-                                      order_by=["attributes.start_time ASC"])
+        run = tracker.run(rid)
+        if run.data.tags.get(Tag.KIND) == "diagnosis":
+            recorded = run.data.tags.get(Tag.VERDICT) if len(run_ids) == 1 else None
+            arms = tracker.children(run.info.experiment_id, rid)
             plan = run.data.params.get("arms", "").split(",")  # the flow reads its arms in the plan's order, not
-            runs += sorted(arms, key=lambda r: plan.index(a) if (a := r.data.tags.get("specdiag.arm")) in plan
+            runs += sorted(arms, key=lambda r: plan.index(a) if (a := r.data.tags.get(Tag.ARM)) in plan
                            else len(plan))  # the order they ran in (a control swapped before its candidate)
-            if EVIDENCE in {a.path for a in client.list_artifacts(rid)}:
+            if EVIDENCE in tracker.artifact_names(rid):
                 with tempfile.TemporaryDirectory() as tmp:
-                    saved = json.loads(Path(client.download_artifacts(rid, EVIDENCE, tmp)).read_text())
+                    saved = json.loads(tracker.download(rid, EVIDENCE, tmp).read_text())
                 findings.update({a: [Finding(**f) for f in fs] for a, fs in saved["findings"].items()})
                 offline = OfflineResult(**saved["offline"])
         else:
             runs.append(run)
     def role(run) -> str | None:  # with --candidate, that arm is judged; any other candidate becomes an extra arm
         if candidate:
-            return "candidate" if run.data.tags["specdiag.arm"] == candidate else \
-                "extra" if run.data.tags["specdiag.role"] == "candidate" else None
+            return "candidate" if run.data.tags[Tag.ARM] == candidate else \
+                "extra" if run.data.tags[Tag.ROLE] == "candidate" else None
         return None
 
     return [arm_result(tracker, r, role(r)) for r in runs], findings, offline, recorded

@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, Run
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from infra import registry
@@ -24,7 +25,24 @@ from infra.config import PROJECT_ROOT, SpecdiagError
 from infra.secrets import redact
 
 MAX_PARAM = 6000
-OWNER = "specdiag.owner"  # the process that ends the run: registry.owner()
+
+
+class Tag:
+    """Every tag specdiag writes or reads on a run: the names live here only."""
+
+    KIND, ARM, ROLE, DRAFTER, PROBE = "specdiag.kind", "specdiag.arm", "specdiag.role", "specdiag.drafter", \
+        "specdiag.probe"
+    ERROR = "specdiag.error"
+    SERVED = "specdiag.served"  # how an arm was served: fresh load, swapped into <run>, on <arm>'s server, reused <run>
+    ASKED, EARLY_STOP = "specdiag.asked", "specdiag.early_stop"  # what a window measured towards, and why it ended
+    FINGERPRINT, REUSED_FROM, REUSED_AT = "specdiag.fingerprint", "specdiag.reused_from", "specdiag.reused_at"
+    VERDICT, ARM_VERDICT, CONFIRMED = "specdiag.verdict", "specdiag.arm_verdict", "specdiag.confirmed"
+    OFFLINE_EVAL, INTERRUPTED = "specdiag.offline_eval", "specdiag.interrupted"
+    OWNER = "specdiag.owner"  # the process that ends the run: registry.owner()
+    PARENT = "mlflow.parentRunId"
+
+
+OWNER = Tag.OWNER
 # A new sqlite store logs "Creating initial MLflow database tables..." to stderr on first use: on a new user's first
 # run, before anything specdiag says (a bad input's one-line error included). Warnings still show.
 logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
@@ -144,7 +162,7 @@ class Tracker:
 
     def start(self, experiment_id: str, name: str, tags: dict[str, str], parent: str | None = None) -> str:
         """A run tagged with the process that ends it (OWNER): if that process dies unended, the next start ends it."""
-        tags = {**tags, OWNER: json.dumps(registry.owner()), **({"mlflow.parentRunId": parent} if parent else {})}
+        tags = {**tags, OWNER: json.dumps(registry.owner()), **({Tag.PARENT: parent} if parent else {})}
         return self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
 
     def end_orphans(self, experiment_id: str) -> list[str]:
@@ -160,7 +178,7 @@ class Tracker:
                 continue
             why = (f"its process (pid {owner['owner_pid']} on {owner['machine']}) ended without ending the run "
                    "(SIGKILL, out of memory, a reboot); ended KILLED by the next diagnosis")
-            self.client.set_tag(run.info.run_id, "specdiag.error", why)
+            self.client.set_tag(run.info.run_id, Tag.ERROR, why)
             self.client.set_terminated(run.info.run_id, "KILLED")
             ended.append(run.info.run_id)
         if ended:
@@ -230,9 +248,50 @@ class Tracker:
             yield
         except BaseException as exc:
             if interruption(exc):
-                self.tag(parent, "specdiag.interrupted", f"{arm} ({signal_name(exc)})")
+                self.tag(parent, Tag.INTERRUPTED, f"{arm} ({signal_name(exc)})")
                 exc.add_note(f"during arm {arm}")
             raise
+
+    # -- reads: every query of the record goes through these ------------------------------------------------------
+    def run(self, run_id: str) -> Run:
+        """The run as recorded; SpecdiagError naming the store where there is none."""
+        try:
+            return self.client.get_run(run_id)
+        except MlflowException:
+            raise SpecdiagError(f"no run {run_id} in the MLflow store {self.uri} (MLFLOW_TRACKING_URI)") from None
+
+    def children(self, experiment_id: str, parent: str, finished_arms: bool = False) -> list[Run]:
+        """The runs under PARENT, oldest first (only the arms that ended FINISHED, with finished_arms)."""
+        where = f"tags.`{Tag.PARENT}` = '{parent}'"
+        if finished_arms:
+            where += f" and tags.`{Tag.KIND}` = 'arm' and attributes.status = 'FINISHED'"
+        return self.client.search_runs([experiment_id], where, order_by=["attributes.start_time ASC"])
+
+    def arm_run(self, experiment_id: str, parent: str, arm: str) -> Run | None:
+        """The newest run of ARM under PARENT."""
+        where = f"tags.`{Tag.PARENT}` = '{parent}' and tags.`{Tag.ARM}` = '{arm}' and tags.`{Tag.KIND}` = 'arm'"
+        found = self.client.search_runs([experiment_id], where, order_by=["attributes.start_time DESC"],
+                                        max_results=1)
+        return found[0] if found else None
+
+    def newest_finished(self, tag: str, value: str, since_s: float) -> Run | None:
+        """The newest FINISHED run of any experiment whose TAG is VALUE, started after since_s (epoch seconds)."""
+        ids = [e.experiment_id for e in self.client.search_experiments()]
+        runs = self.client.search_runs(ids, f"tags.`{tag}` = '{value}' and attributes.status = 'FINISHED' "
+                                       f"and attributes.start_time >= {int(since_s * 1000)}",
+                                       order_by=["attributes.start_time DESC"], max_results=1)
+        return runs[0] if runs else None
+
+    def artifact_names(self, run_id: str) -> set[str]:
+        return {a.path for a in self.client.list_artifacts(run_id)}
+
+    def download(self, run_id: str, path: str, into: str | Path) -> Path:
+        """An artifact (a file, or "" for all of them) of the run, copied into INTO."""
+        return Path(self.client.download_artifacts(run_id, path, str(into)))
+
+    def folder(self, run_id: str, folder: str | Path) -> None:
+        """Every file of FOLDER as the run's artifacts."""
+        self.client.log_artifacts(run_id, str(folder))
 
     def run_link(self, experiment_id: str, run_id: str) -> str:
         """The run's page: on the tracking server, or on `mlflow ui`'s default address for a local store."""

@@ -15,12 +15,12 @@ from prefect.cache_policies import NO_CACHE
 
 from infra.arms import PROBES, Arm
 from infra.config import Profile, SpecdiagError
-from infra.tracking import Tracker
+from infra.tracking import Tag, Tracker
 from tasks.compare import stream_metrics
 from tasks.record import ArmResult
 from tasks.verdict.evidence import Verdict, differs, fmt
 
-CONFIRMED = "specdiag.confirmed"
+CONFIRMED = Tag.CONFIRMED
 
 
 SERVED = "served already as the probe arm "  # the fix's arm was planned up front (infra/arms.probe_arms)

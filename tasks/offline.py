@@ -19,7 +19,7 @@ from infra.arms import Arm, local_dir
 from infra.checkpoints import read_drafter, read_target
 from infra.config import Profile
 from infra.executor import Completed, executor_for
-from infra.tracking import Tracker
+from infra.tracking import Tag, Tracker
 
 METHODS = {"eagle3": ("eagle3",), "all": ("eagle3", "draft_model"), "none": ()}
 SCRIPT = embedded.ENGINE_SIDE / "offline_eval.py"
@@ -148,7 +148,7 @@ def offline_eval(cfg: Profile, arms: list[Arm], target: str, prompts: list[str],
     finally:
         executor.close()
     result = _result(done, skip if done is None else None, out_file, tracker, parent_run_id)
-    tracker.tag(parent_run_id, "specdiag.offline_eval", result.status)
+    tracker.tag(parent_run_id, Tag.OFFLINE_EVAL, result.status)
     return result
 
 

@@ -7,7 +7,7 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra.tracking import ROLE_COLORS, RUN_COLOR, Tracker
+from infra.tracking import ROLE_COLORS, RUN_COLOR, Tag, Tracker
 from tasks.bench import BenchResult
 from tasks.scrape import Snapshot
 
@@ -47,12 +47,12 @@ class ArmEvidence:
 
 def arm_run(arm) -> tuple[str, dict[str, str]]:
     """An arm's MLflow run name (the runs table's first column) and tags, measured or reused."""
-    tags = {"specdiag.kind": "arm", "specdiag.arm": arm.name, "specdiag.drafter": arm.drafter or "none",
-            "specdiag.role": arm.role, "specdiag.probe": arm.probe or "none", RUN_COLOR: ROLE_COLORS[arm.role]}
+    tags = {Tag.KIND: "arm", Tag.ARM: arm.name, Tag.DRAFTER: arm.drafter or "none",
+            Tag.ROLE: arm.role, Tag.PROBE: arm.probe or "none", RUN_COLOR: ROLE_COLORS[arm.role]}
     return (arm.name if arm.role == "baseline" else f"{arm.role}: {arm.name}"), tags
 
 
-SERVED = "specdiag.served"  # how an arm was served: fresh load, swapped into <run>, on <arm>'s server, reused <run>
+SERVED = Tag.SERVED
 
 
 def served(result: ArmResult) -> str:
@@ -78,7 +78,7 @@ def record_arm(tracker: Tracker, result: ArmResult, params: dict[str, str], ev: 
     try:
         if result.error:
             tracker.text(run, result.error, "error.txt")
-            tracker.tag(run, "specdiag.error", result.error.splitlines()[0][:500])
+            tracker.tag(run, Tag.ERROR, result.error.splitlines()[0][:500])
         tracker.params(run, {**params, "server_cmd": ev.server_cmd or "not launched",
                              "engine_version": ev.engine_version or "unknown"})
         tracker.tag(run, SERVED, served(result))
@@ -87,9 +87,9 @@ def record_arm(tracker: Tracker, result: ArmResult, params: dict[str, str], ev: 
         if ev.bench:
             tracker.table(run, ev.bench.frame(), "requests.csv")
             if ev.bench.stop_reason:
-                tracker.tag(run, "specdiag.early_stop", ev.bench.stop_reason)
+                tracker.tag(run, Tag.EARLY_STOP, ev.bench.stop_reason)
             if ev.bench.asked:
-                tracker.tag(run, "specdiag.asked", ev.bench.asked[:500])
+                tracker.tag(run, Tag.ASKED, ev.bench.asked[:500])
         if ev.sweep is not None:
             tracker.table(run, ev.sweep, "concurrency_sweep.csv")
         if ev.before:

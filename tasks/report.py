@@ -11,7 +11,7 @@ from prefect import task
 from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NO_CACHE
 
-from infra.tracking import Tracker, metric_key, run_path
+from infra.tracking import Tag, Tracker, metric_key, run_path
 from tasks.compare import COLUMNS, METRIC_COLUMNS, measured
 from tasks.record import ArmResult
 
@@ -37,7 +37,7 @@ def _arms_table(runs: dict[str, object], results: list[ArmResult], experiment_id
         data = runs[r.arm].data
         values = [r.arm, r.role, "ok" if r.ok else "FAILED", *[data.metrics.get(metric_key(c)) for c in METRIC_COLUMNS],
                   measured(r)]
-        cause = data.tags.get("specdiag.arm_verdict", "-" if r.role != "baseline" else "")
+        cause = data.tags.get(Tag.ARM_VERDICT, "-" if r.role != "baseline" else "")
         link = f'<a href="/{run_path(experiment_id, r.run_id)}" target="_top">{r.run_id[:8]}</a>'
         rows.append(f'<tr data-arm="{html.escape(r.arm)}">' + "".join(_cell(v) for v in values)
                     + f'<td class="text"><span class="cause">{html.escape(cause)}</span></td><td>{link}</td></tr>')
@@ -48,7 +48,7 @@ def _commands(runs: dict[str, object], results: list[ArmResult]) -> str:
     items = []
     for r in results:
         data = runs[r.arm].data
-        error = data.tags.get("specdiag.error")
+        error = data.tags.get(Tag.ERROR)
         items.append(f"<h3>{html.escape(r.arm)}</h3><pre>{html.escape(data.params.get('server_cmd', 'not launched'))}"
                      "</pre>" + (f'<p class="FAILED">{html.escape(error)}</p>' if error else ""))
     return "".join(items)
@@ -71,7 +71,7 @@ def render(decision, results: list[ArmResult], runs: dict[str, object], experime
 @task(name="report", cache_policy=NO_CACHE)
 def report(tracker: Tracker, parent_run_id: str, experiment_id: str, results: list[ArmResult], decision,
            findings_md: str, images: dict[str, bytes], title: str) -> str:
-    runs = {r.arm: tracker.client.get_run(r.run_id) for r in results}  # the record, not the in-memory copy
+    runs = {r.arm: tracker.run(r.run_id) for r in results}  # the record, not the in-memory copy
     page = render(decision, results, runs, experiment_id, findings_md, images, title)
     tracker.text(parent_run_id, page, "report.html")
     create_link_artifact(tracker.run_link(experiment_id, parent_run_id), link_text=f"MLflow: {title}",

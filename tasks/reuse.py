@@ -21,14 +21,14 @@ from infra import fingerprint
 from infra.arms import Arm
 from infra.config import Profile, SpecdiagError
 from infra.executor import executor_for
-from infra.tracking import Tracker, metric_name
+from infra.tracking import Tag, Tracker, metric_name
 from tasks.acceptance import request_acceptance
 from tasks.bench import BenchResult
 from tasks.earlystop import Questions
 from tasks.record import SERVED, ArmResult, arm_run, known_before
 from tasks.verdict import speed_judged
 
-FINGERPRINT, REUSED_FROM = "specdiag.fingerprint", "specdiag.reused_from"
+FINGERPRINT, REUSED_FROM = Tag.FINGERPRINT, Tag.REUSED_FROM
 
 
 @task(name="fingerprints", cache_policy=NO_CACHE)
@@ -49,12 +49,7 @@ def fingerprints(cfg: Profile, arms: list[Arm], target: str, prompts: list[str])
 
 def newest_match(tracker: Tracker, digest: str, max_age_h: float) -> Run | None:
     """The newest FINISHED arm run recorded with this fingerprint, in any experiment, no older than max_age_h."""
-    since = int((time.time() - max_age_h * 3600) * 1000)
-    ids = [e.experiment_id for e in tracker.client.search_experiments()]
-    runs = tracker.client.search_runs(ids, f"tags.`{FINGERPRINT}` = '{digest}' and attributes.status = 'FINISHED' "
-                                      f"and attributes.start_time >= {since}",
-                                      order_by=["attributes.start_time DESC"], max_results=1)
-    return runs[0] if runs else None
+    return tracker.newest_finished(FINGERPRINT, digest, time.time() - max_age_h * 3600)
 
 
 def per_request(folder: Path) -> tuple[list[float], list[float]]:
@@ -67,10 +62,10 @@ def per_request(folder: Path) -> tuple[list[float], list[float]]:
 
 
 def recorded_requests(tracker: Tracker, run_id: str) -> tuple[list[float], list[float]]:
-    if "requests.csv" not in {a.path for a in tracker.client.list_artifacts(run_id)}:
+    if "requests.csv" not in tracker.artifact_names(run_id):
         return [], []
     with tempfile.TemporaryDirectory() as tmp:
-        tracker.client.download_artifacts(run_id, "requests.csv", tmp)
+        tracker.download(run_id, "requests.csv", tmp)
         return per_request(Path(tmp))
 
 
@@ -93,11 +88,9 @@ def asked_beside(ask: Callable[[dict], Questions], known: dict[str, object], tra
         if not missing or time.monotonic() < due[0]:
             return asked[0]
         due[0] = time.monotonic() + BESIDE_S
-        where = (f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`specdiag.kind` = 'arm' "
-                 f"and attributes.status = 'FINISHED'")
         try:
-            for run in tracker.client.search_runs([experiment_id], where):
-                role = run.data.tags.get("specdiag.role")
+            for run in tracker.children(experiment_id, parent_run_id, finished_arms=True):
+                role = run.data.tags.get(Tag.ROLE)
                 if role == "baseline" and role in missing:
                     known[role] = recorded_requests(tracker, run.info.run_id)[0] or None
                 elif role in missing:  # the candidate's or the control's acceptance
@@ -112,11 +105,11 @@ def asked_beside(ask: Callable[[dict], Questions], known: dict[str, object], tra
 def arm_result(tracker: Tracker, run: Run, role: str | None = None) -> ArmResult:
     """An arm as the flow held it after measuring, read back from its MLflow run."""
     tags, params = run.data.tags, run.data.params
-    return ArmResult(tags["specdiag.arm"], role or tags["specdiag.role"], run.info.run_id,
-                     run.info.status == "FINISHED", tags.get("specdiag.error", ""),
+    return ArmResult(tags[Tag.ARM], role or tags[Tag.ROLE], run.info.run_id,
+                     run.info.status == "FINISHED", tags.get(Tag.ERROR, ""),
                      {metric_name(k): v for k, v in run.data.metrics.items()},
-                     *recorded_requests(tracker, run.info.run_id), "" if tags.get("specdiag.probe") == "none" else
-                     tags.get("specdiag.probe", ""), "" if params.get("spec_method", "none") == "none" else
+                     *recorded_requests(tracker, run.info.run_id), "" if tags.get(Tag.PROBE) == "none" else
+                     tags.get(Tag.PROBE, ""), "" if params.get("spec_method", "none") == "none" else
                      params["spec_method"], int(params.get("num_speculative_tokens", 0)),
                      reused_from=tags.get(REUSED_FROM, ""), served_with=params.get("server_shared_with", ""),
                      swapped_into=tags.get(SERVED, "").removeprefix("swapped into ")
@@ -130,7 +123,7 @@ def reuse_arm(tracker: Tracker, found: Run, arm: Arm, experiment_id: str, parent
     original = found.data.tags.get(REUSED_FROM, found.info.run_id)
     when = datetime.fromtimestamp(found.info.start_time / 1000).strftime("%Y-%m-%d %H:%M")
     name, tags = arm_run(arm)
-    tags.update({FINGERPRINT: found.data.tags[FINGERPRINT], REUSED_FROM: original, "specdiag.reused_at": when,
+    tags.update({FINGERPRINT: found.data.tags[FINGERPRINT], REUSED_FROM: original, Tag.REUSED_AT: when,
                  SERVED: f"reused {original}"})
     run = tracker.start(experiment_id, f"{name} (reused)", tags, parent=parent_run_id)
     metrics = {metric_name(k): v for k, v in found.data.metrics.items() if not k.startswith("offline_")}
@@ -140,8 +133,8 @@ def reuse_arm(tracker: Tracker, found: Run, arm: Arm, experiment_id: str, parent
         tracker.params(run, {**found.data.params, "reused_from": original})
         tracker.metrics(run, metrics)
         with tempfile.TemporaryDirectory() as tmp:
-            folder = tracker.client.download_artifacts(found.info.run_id, "", tmp)
-            tracker.client.log_artifacts(run, folder)
+            folder = tracker.download(found.info.run_id, "", tmp)
+            tracker.folder(run, folder)
             tok_s, acceptance = per_request(Path(folder))
         copied = True
     finally:
@@ -158,22 +151,19 @@ PROFILE = "profile.json"  # a diagnosis's profile, whole (secret values as marke
 def rerun_inputs(tracker: Tracker, run_id: str, into: Path) -> tuple[str, list[str]]:
     """A recorded diagnosis's profile and prompt texts as files in INTO, and the settings that repeat it exactly:
     `--rerun RUN_ID` measures every arm again (no reuse) on the same prompts."""
-    try:
-        run = tracker.client.get_run(run_id)
-    except MlflowException:
-        raise SpecdiagError(f"no run {run_id} in the MLflow store {tracker.uri} (MLFLOW_TRACKING_URI)") from None
-    if run.data.tags.get("specdiag.kind") != "diagnosis":
-        parent = run.data.tags.get("mlflow.parentRunId")
+    run = tracker.run(run_id)
+    if run.data.tags.get(Tag.KIND) != "diagnosis":
+        parent = run.data.tags.get(Tag.PARENT)
         raise SpecdiagError(f"run {run_id} is not a diagnosis" + (f": pass its diagnosis, --rerun {parent}" if parent
                                                                    else ""))
-    names = {a.path for a in tracker.client.list_artifacts(run_id)}
+    names = tracker.artifact_names(run_id)
     if "prompts.jsonl" not in names or not (PROFILE in names or "profile_json" in run.data.params):
         raise SpecdiagError(f"diagnosis {run_id} was recorded without its profile or prompts: it cannot be repeated")
     into.mkdir(parents=True, exist_ok=True)
     profile = into / "profile.yaml"  # JSON is YAML; secret env values are markers, taken from this environment
     if PROFILE in names:
-        profile.write_text(Path(tracker.client.download_artifacts(run_id, PROFILE, str(into))).read_text())
+        profile.write_text(tracker.download(run_id, PROFILE, into).read_text())
     else:  # recorded before 2026-12-07: a parameter, cut at MLflow's limit for long profiles
         profile.write_text(run.data.params["profile_json"])
-    tracker.client.download_artifacts(run_id, "prompts.jsonl", str(into))
+    tracker.download(run_id, "prompts.jsonl", into)
     return str(profile), [f"bench.prompts={into / 'prompts.jsonl'}", "reuse.enabled=false"]

@@ -9,7 +9,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from infra.tracking import Tracker
+from infra.tracking import Tag, Tracker
 from tasks.compare import stream_metrics
 from tasks.inspect import Finding
 from tasks.offline import OfflineResult
@@ -82,10 +82,10 @@ def verdict(tracker: Tracker, parent_run_id: str, results: list[ArmResult],
     v, others = assemble(results, findings, offline)
     causes = {**{r.arm: v.cause for r in results if r.role == "candidate"}, **{a: o.cause for a, o in others.items()}}
     for arm, cause in causes.items():
-        tracker.tag(next(r.run_id for r in results if r.arm == arm), "specdiag.arm_verdict", cause)
+        tracker.tag(next(r.run_id for r in results if r.arm == arm), Tag.ARM_VERDICT, cause)
     for arm, sm in speed_models(results).items():
         tracker.metrics(next(r.run_id for r in results if r.arm == arm), sm.metrics())
-    tracker.tag(parent_run_id, "specdiag.verdict", v.cause)
+    tracker.tag(parent_run_id, Tag.VERDICT, v.cause)
     tracker.text(parent_run_id, v.markdown(), "verdict.md")
     tracker.text(parent_run_id, json.dumps({"findings": {a: [asdict(f) for f in fs] for a, fs in findings.items()},
                                             "offline": asdict(offline or OfflineResult())}, indent=1, default=str),
