@@ -213,9 +213,9 @@ def _bin_version(file: str, _mtime: int) -> dict[str, torch.Tensor]:
     try:
         return torch.load(file, map_location="cpu", mmap=True, weights_only=True)
     except pickle.UnpicklingError as exc:  # a pickled object that is no tensor: never run, never loaded
-        what = next((l.strip() for l in str(exc).splitlines() if "unsupported GLOBAL" in l), "objects other than tensors")
+        what = next((ln.strip() for ln in str(exc).splitlines() if "unsupported GLOBAL" in ln), "non-tensor objects")
         raise SpecdiagError(f"{file} holds more than tensors ({what}); specdiag reads torch .bin files with "
-                            "weights_only and does not run pickled code: convert a trusted copy to safetensors") from None
+                            "weights_only and runs no pickled code: convert a trusted copy to safetensors") from None
     except (RuntimeError, EOFError) as exc:  # not a torch archive, or cut short
         raise SpecdiagError(f"{file} is no readable torch checkpoint: {str(exc).splitlines()[0]}") from None
 

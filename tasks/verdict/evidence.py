@@ -8,6 +8,7 @@ ran, the interval is also taken over requests (tasks/acceptance.py), and the wid
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from infra.stats import wilson
 from tasks.acceptance import acceptance_interval, over_requests
@@ -46,9 +47,21 @@ def speed_judged(role: str, probe: str = "") -> bool:
     return role not in ("control", "probe") or probe == "k_sweep"
 
 
+# Every cause a verdict can name. Adding one: a rule in rules.py (or a probe's row in probes.PROBE_CAUSES), its tests,
+# and a row of the README's verdict table; tests/unit/test_verdict.py checks all three for each name here.
+Cause = Literal["checkpoint_mismatch", "spec_disabled", "inconclusive", "vocab_mismatch", "aux_layers", "integration",
+                "template_mismatch", "sampling_mismatch", "context_limit", "healthy", "training_quality",
+                "draft_overhead"]
+CAUSES: tuple[str, ...] = get_args(Cause)
+
+
 @dataclass
 class Verdict:
-    cause: str
+    cause: Cause
+
+    def __post_init__(self):
+        if self.cause not in CAUSES:
+            raise ValueError(f"no such cause {self.cause!r}: one of {', '.join(CAUSES)}")
     evidence: list[str] = field(default_factory=list)
     next_step: str = ""
     # The fix the cause implies, for --confirm: {"num_speculative_tokens": k}, {"probe": NAME} (the probe arm that

@@ -280,20 +280,28 @@ def test_a_control_only_as_good_as_it_always_was_never_makes_integration():
     assert decide([BASE, arm("cand", "candidate", 0.02), broken], {}).cause == "integration"
 
 
-def test_every_cause_a_rule_can_name_is_a_row_of_the_readmes_verdict_table():
+def test_every_cause_has_a_rule_a_test_and_a_readme_row():
+    """The causes are one typed list (evidence.Cause). Each is named by a rule (or a probe's row), asserted by a test
+    of the verdict, and a row of the README's one verdict table; no rule names a cause outside the list."""
     import re
     from pathlib import Path
 
-    from tasks.verdict import rules
+    from tasks.verdict import probes, rules
+    from tasks.verdict.evidence import CAUSES
 
     root = Path(__file__).resolve().parents[2]
-    named = set(re.findall(r'Verdict\(\s*"(\w+)"', Path(rules.__file__).read_text()))
-    named |= {cause for _, cause, _, _ in rules.INTERVENTIONS}
+    named = set(re.findall(r'"(\w+)"', Path(rules.__file__).read_text())) & set(CAUSES)  # a Verdict refuses others
+    named |= {cause for _, cause, _, _ in rules.INTERVENTIONS} | {c for _, c, _, _ in probes.PROBE_CAUSES.values()}
     table = (root / "README.md").read_text().split("## The verdict table", 1)[1].split("\n## ", 1)[0]
     rows = set(re.findall(r"^\| `(\w+)` \|", table, re.M))
-    assert named >= {"healthy", "integration", "training_quality", "vocab_mismatch", "aux_layers", "draft_overhead"}
-    assert named <= rows, named - rows
+    tests = "".join(p.read_text() for d in ("unit", "e2e", "ssh") for p in (root / "tests" / d).glob("test_*.py"))
+    asserted = set(re.findall(r'"(\w+)"', tests))  # a verdict's expected cause (an assertion, a parametrized case)
+    assert named == set(CAUSES), set(CAUSES) - named  # every cause is named by a rule
+    assert rows == set(CAUSES), rows ^ set(CAUSES)
+    assert set(CAUSES) <= asserted, set(CAUSES) - asserted
     assert [r.__name__ for r in rules.RULES][-1] == "training_quality"  # the last rule always decides
+    with pytest.raises(ValueError, match="no such cause"):
+        rules.Verdict("vocabulary")
 
 
 def _paced(result, requests, seconds_per_request=2.0, ready_s=25.0):
