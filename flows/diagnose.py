@@ -20,7 +20,7 @@ if __name__ == "__main__":  # Prefect's temporary server boots while the rest im
     from infra.prefect_boot import early_server
     PROCESS_START, PREFECT_SERVER = time.monotonic(), early_server()
 
-from prefect import flow  # noqa: E402
+from prefect import flow, tags as prefect_tags  # noqa: E402
 from prefect.exceptions import TerminationSignal  # noqa: E402
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings  # noqa: E402
 
@@ -29,6 +29,7 @@ from infra import secrets, spread, swap
 from infra.arms import plan_arms, resolved_drafters, resolved_target, run_dir, shared_servers, validate_inputs
 from infra.config import PROJECT_ROOT, DrafterRef, NoControl, ProfileRef, SpecdiagError, load_profile
 from infra.fingerprint import digest
+from infra.prefect_boot import end_orphan_flow_runs, owner_tags
 from infra.tracking import Tag, Tracker, check_store, interrupted_where, interruption, signal_name, tracking_uri
 from infra.promptsets import distinct as distinct_prompts, load as load_prompts
 from tasks.compare import compare, comparison_markdown
@@ -328,7 +329,8 @@ def main(argv: list[str] | None = None, early=None) -> int:
     signal.signal(signal.SIGTERM, _terminated)  # SIGTERM ends like Ctrl-C (Prefect re-raises it here after its own)
     try:
         # checked by prepare() already, and a profile of the user's own may name drafters the form's choices lack
-        with temporary_settings(early.serve() if early else {}):
+        with temporary_settings(early.serve() if early else {}), prefect_tags(*owner_tags()):
+            end_orphan_flow_runs()  # a SIGKILLed diagnosis's, left running
             results = diagnose.with_options(validate_parameters=False)(args.profile, cfg.drafter, cfg.control,
                                                                          cfg.arms, sets)
     except SpecdiagError as exc:  # e.g. the engine environment could not be built

@@ -87,3 +87,52 @@ def early_server() -> EarlyServer | None:
     if os.environ.get("PREFECT_API_URL") or os.environ.get("PREFECT_SERVER_EPHEMERAL_ENABLED", "").lower() == "false":
         return None
     return EarlyServer()
+
+
+OWNED = "specdiag-owned"  # a flow run tagged so also carries its process's tag, owner_tag()
+
+
+def owner_tag(owner: dict) -> str:
+    return f"specdiag-owner:{owner['machine']}:{owner['boot_id']}:{owner['owner_pid']}:{owner['owner_started']}"
+
+
+def _owner(tags: list[str]) -> dict | None:
+    found = next((t for t in tags if t.startswith("specdiag-owner:")), None)
+    parts = found.split(":") if found else []
+    if len(parts) != 5 or not parts[3].isdigit():
+        return None
+    return {"machine": parts[1], "boot_id": parts[2], "owner_pid": int(parts[3]), "owner_started": parts[4]}
+
+
+def owner_tags() -> tuple[str, ...]:
+    """Tags for every flow run this process starts (`with prefect.tags(*owner_tags())`): its owner, so that the next
+    diagnosis can end them if this process dies without ending them (SIGKILL, out of memory)."""
+    from infra import registry
+    return OWNED, owner_tag(registry.owner())
+
+
+def end_orphan_flow_runs() -> int:
+    """Flow runs left RUNNING or PENDING by a specdiag process of this machine that is gone: ended CRASHED, saying
+    why. A SIGKILLed diagnosis leaves them so in the database its temporary server shares with the next one's."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+                                                FlowRunFilterTags)
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    from infra import registry
+
+    live = FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING]))
+    ended = 0
+    with get_client(sync_client=True) as client:
+        for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[OWNED]),
+                                                                       state=live)):
+            owner = _owner(run.tags)
+            if owner is None or registry.owner_alive(owner):
+                continue
+            client.set_flow_run_state(run.id, Crashed(message=f"its process (pid {owner['owner_pid']} on "
+                                                      f"{owner['machine']}) died without ending it"), force=True)
+            ended += 1
+    if ended:
+        print(f"ended {ended} flow run(s) left running by a diagnosis that died: CRASHED")
+    return ended

@@ -146,6 +146,7 @@ def test_a_killed_flow_is_cleaned_up_by_the_next_and_sigterm_ends_like_ctrl_c(st
     assert code == 130, out[-3000:]
     assert f"stopping stale server pid {orphan['pid']}" in out
     assert f"diagnosis pid {dead.proc.pid} died holding them" in out
+    assert "flow run(s) left running by a diagnosis that died: CRASHED" in out  # its flow and arm subflow
     assert "specdiag: interrupted (SIGTERM) during arm ngram" in out
     assert _gone(server["pgid"])
     client = MlflowClient(dead.uri)

@@ -49,3 +49,28 @@ def test_a_configured_prefect_server_wins_and_the_early_one_stops():
     """A server in Prefect's settings is the API: the early server is stopped, unused, and sets nothing."""
     out = run("http://127.0.0.1:9/api")
     assert not out["running"], out
+
+
+def test_flow_runs_a_dead_diagnosis_left_running_are_ended_by_the_next(prefect_server):
+    """A SIGKILLed diagnosis leaves its flow runs RUNNING in the database the temporary servers share. Each carries its
+    owner (flows/diagnose.main tags them); the next start ends those whose owner is gone, and no other."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.states import Running
+
+    from infra import registry
+    from infra.prefect_boot import OWNED, end_orphan_flow_runs, owner_tag
+
+    @flow
+    def arm():
+        pass
+
+    me = registry.owner()
+    dead = {**me, "owner_pid": 2 ** 22 + 7}
+    with get_client(sync_client=True) as client:
+        runs = {who: client.create_flow_run(arm, tags=[OWNED, owner_tag(o)], state=Running()).id
+                for who, o in (("dead", dead), ("live", me))}
+        assert end_orphan_flow_runs() >= 1
+        states = {who: client.read_flow_run(rid).state for who, rid in runs.items()}
+    assert states["dead"].type.value == "CRASHED" and f"pid {2 ** 22 + 7}" in states["dead"].message
+    assert states["live"].type.value == "RUNNING"
