@@ -33,7 +33,7 @@ from tasks.cleanup import cleanup
 from tasks.health import wait_healthy
 from tasks.launch import launch_server
 from tasks.record import ArmEvidence, ArmResult, arm_run, known_before, record_arm
-from tasks.reuse import FINGERPRINT, arm_result, asked_beside
+from tasks.reuse import arm_result, asked_beside
 from tasks.swap import swap_drafter
 from tasks.scrape import counter_metrics, log_crosscheck, scrape, spec_totals, spec_window
 from tasks.teardown import stop_unreturned, teardown
@@ -74,7 +74,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
     tracker, where = Tracker(tracking_uri), (experiment_id, parent_run_id)
     first = Window.start(tracker, arm, where, offline, fingerprint)
     windows, server, ready = [first], None, False
-    executor, held, lock = executor_for(cfg.host), ExitStack(), None
+    executor, held, lapse = executor_for(cfg.host), ExitStack(), None
     swaps = any(not same_server(arm, r.arm) for r in riders or [])  # the server takes other drafters of its shapes
     try:
         with first.attempt():
@@ -82,16 +82,16 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
                 raise StaticCheckFailed("; ".join(blockers) + " (the server was not started; --force launches anyway)")
             # one server per host at a time, across flow runs: queued here, held until teardown
             hold = held.enter_context(host_lock(cfg.host, cfg.server_port))
-            first.ev.metrics["host_lock_wait_s"], lock = hold.wait_s, hold.lapse
+            first.ev.metrics["host_lock_wait_s"], lapse = hold.wait_s, hold.lapse
+            first.lapse = lapse
             plan = plan_server(cfg, arm, workdir, swappable=swaps)
             first.params, first.ev.log_path = plan.params, plan.log_path
             first.ev.metrics.update(cleanup(executor, cfg.host))
             if swaps:
                 swap_module(executor, workdir)
-            first.lapse = lock
-            lock.check()  # a lock lost while waiting or cleaning up: no server starts unprotected
+            lapse.check()  # a lock lost while waiting or cleaning up: no server starts unprotected
             server = launch_server(plan, executor)
-            lock.on_lapse(lambda: executor.stop_group(server.process.pgid, grace_s=5))  # nor runs on unprotected
+            lapse.on_lapse(lambda: executor.stop_group(server.process.pgid, grace_s=5))  # nor runs on unprotected
             first.ev.server_cmd = server.process.command
             first.ev.metrics["server_ready_s"] = wait_healthy(server, cfg.health_timeout_s)
             ready = True
@@ -104,7 +104,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
             if swapping and not (ready and executor.is_alive(server.process.pid)):
                 break  # no server to swap into: the rest load afresh (flows/diagnose._measure)
             windows.append(w := Window.start(tracker, rider.arm, where, rider.offline, rider.fingerprint))
-            w.result.served_with, w.lapse = arm.name, lock
+            w.result.served_with, w.lapse = arm.name, lapse
             with w.attempt():
                 w.params = {**plan_server(cfg, rider.arm, workdir, swappable=swaps).params,
                             "server_shared_with": arm.name}
@@ -113,7 +113,7 @@ def run_arm(cfg: Profile, arm: Arm, tracking_uri: str, experiment_id: str, paren
                     raise ServerNotReady(f"it rides on {arm.name}'s server, which did not come up: "
                                          f"{first.result.error}")
                 if swapping:
-                    lock.check()
+                    lapse.check()
                     loaded, w.result.swapped_into = rider.arm, first.result.run_id
                     w.ev.metrics["swap_s"] = swap_drafter(server, rider.arm, cfg.swap.timeout_s)
                 w.measure(cfg, server, prompts, _asks(rider.arm, rider.offline, baseline_tok_s, learned["candidate"],
@@ -154,7 +154,7 @@ class Window:
     def start(cls, tracker: Tracker, arm: Arm, where: tuple[str, str], offline, fingerprint) -> "Window":
         run_name, tags = arm_run(arm)
         if fingerprint:
-            tags[FINGERPRINT] = digest(fingerprint)
+            tags[Tag.FINGERPRINT] = digest(fingerprint)
         result = ArmResult(arm.name, arm.role, tracker.start(where[0], run_name, tags, parent=where[1]),
                            probe=arm.probe, method=arm.spec.method if arm.spec else "",
                            k=arm.spec.num_speculative_tokens if arm.spec else 0)

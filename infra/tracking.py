@@ -41,8 +41,6 @@ class Tag:
     OWNER = "specdiag.owner"  # the process that ends the run: registry.owner()
     PARENT = "mlflow.parentRunId"
 
-
-OWNER = Tag.OWNER
 # A new sqlite store logs "Creating initial MLflow database tables..." to stderr on first use: on a new user's first
 # run, before anything specdiag says (a bad input's one-line error included). Warnings still show.
 logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
@@ -161,8 +159,9 @@ class Tracker:
         self.client.set_tag(run_id, NOTE, redact(text))
 
     def start(self, experiment_id: str, name: str, tags: dict[str, str], parent: str | None = None) -> str:
-        """A run tagged with the process that ends it (OWNER): if that process dies unended, the next start ends it."""
-        tags = {**tags, OWNER: json.dumps(registry.owner()), **({Tag.PARENT: parent} if parent else {})}
+        """A run tagged with the process that ends it (Tag.OWNER): if that process dies unended, the next start ends
+        it."""
+        tags = {**tags, Tag.OWNER: json.dumps(registry.owner()), **({Tag.PARENT: parent} if parent else {})}
         return self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
 
     def end_orphans(self, experiment_id: str) -> list[str]:
@@ -171,7 +170,7 @@ class Tracker:
         ended = []
         for run in self.client.search_runs([experiment_id], "attributes.status = 'RUNNING'", max_results=1000):
             try:
-                owner = json.loads(run.data.tags[OWNER])
+                owner = json.loads(run.data.tags[Tag.OWNER])
             except (KeyError, ValueError):  # not started by specdiag's Tracker: not ours to judge
                 continue
             if registry.owner_alive(owner):

@@ -20,7 +20,6 @@ from tasks.compare import stream_metrics
 from tasks.record import ArmResult
 from tasks.verdict.evidence import Verdict, differs, fmt
 
-CONFIRMED = Tag.CONFIRMED
 
 
 SERVED = "served already as the probe arm "  # the fix's arm was planned up front (infra/arms.probe_arms)
@@ -87,6 +86,6 @@ def confirm(tracker: Tracker, parent_run_id: str, v: Verdict, results: list[ArmR
         outcome = "confirmed" if why.startswith("confirmed by") else "not run"
         line = f"--confirm: {why}"
     v = replace(v, evidence=v.evidence + [line])
-    tracker.tag(parent_run_id, CONFIRMED, outcome)
+    tracker.tag(parent_run_id, Tag.CONFIRMED, outcome)
     tracker.text(parent_run_id, v.markdown(), "verdict.md")
     return v

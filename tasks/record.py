@@ -52,7 +52,6 @@ def arm_run(arm) -> tuple[str, dict[str, str]]:
     return (arm.name if arm.role == "baseline" else f"{arm.role}: {arm.name}"), tags
 
 
-SERVED = Tag.SERVED
 
 
 def served(result: ArmResult) -> str:
@@ -81,7 +80,7 @@ def record_arm(tracker: Tracker, result: ArmResult, params: dict[str, str], ev: 
             tracker.tag(run, Tag.ERROR, result.error.splitlines()[0][:500])
         tracker.params(run, {**params, "server_cmd": ev.server_cmd or "not launched",
                              "engine_version": ev.engine_version or "unknown"})
-        tracker.tag(run, SERVED, served(result))
+        tracker.tag(run, Tag.SERVED, served(result))
         tracker.metrics(run, result.metrics)
         tracker.file(run, ev.log_path)
         if ev.bench:

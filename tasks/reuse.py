@@ -25,10 +25,9 @@ from infra.tracking import Tag, Tracker, metric_name
 from tasks.acceptance import request_acceptance
 from tasks.bench import BenchResult
 from tasks.earlystop import Questions
-from tasks.record import SERVED, ArmResult, arm_run, known_before
+from tasks.record import ArmResult, arm_run, known_before
 from tasks.verdict import speed_judged
 
-FINGERPRINT, REUSED_FROM = Tag.FINGERPRINT, Tag.REUSED_FROM
 
 
 @task(name="fingerprints", cache_policy=NO_CACHE)
@@ -49,7 +48,7 @@ def fingerprints(cfg: Profile, arms: list[Arm], target: str, prompts: list[str])
 
 def newest_match(tracker: Tracker, digest: str, max_age_h: float) -> Run | None:
     """The newest FINISHED arm run recorded with this fingerprint, in any experiment, no older than max_age_h."""
-    return tracker.newest_finished(FINGERPRINT, digest, time.time() - max_age_h * 3600)
+    return tracker.newest_finished(Tag.FINGERPRINT, digest, time.time() - max_age_h * 3600)
 
 
 def per_request(folder: Path) -> tuple[list[float], list[float]]:
@@ -111,20 +110,20 @@ def arm_result(tracker: Tracker, run: Run, role: str | None = None) -> ArmResult
                      *recorded_requests(tracker, run.info.run_id), "" if tags.get(Tag.PROBE) == "none" else
                      tags.get(Tag.PROBE, ""), "" if params.get("spec_method", "none") == "none" else
                      params["spec_method"], int(params.get("num_speculative_tokens", 0)),
-                     reused_from=tags.get(REUSED_FROM, ""), served_with=params.get("server_shared_with", ""),
-                     swapped_into=tags.get(SERVED, "").removeprefix("swapped into ")
-                     if tags.get(SERVED, "").startswith("swapped into ") else "")
+                     reused_from=tags.get(Tag.REUSED_FROM, ""), served_with=params.get("server_shared_with", ""),
+                     swapped_into=tags.get(Tag.SERVED, "").removeprefix("swapped into ")
+                     if tags.get(Tag.SERVED, "").startswith("swapped into ") else "")
 
 
 @task(name="reuse-arm", cache_policy=NO_CACHE)
 def reuse_arm(tracker: Tracker, found: Run, arm: Arm, experiment_id: str, parent_run_id: str,
               offline: dict[str, float] | None) -> ArmResult:
     """The found run as this diagnosis's arm: a FINISHED child run with its params, metrics and artifacts."""
-    original = found.data.tags.get(REUSED_FROM, found.info.run_id)
+    original = found.data.tags.get(Tag.REUSED_FROM, found.info.run_id)
     when = datetime.fromtimestamp(found.info.start_time / 1000).strftime("%Y-%m-%d %H:%M")
     name, tags = arm_run(arm)
-    tags.update({FINGERPRINT: found.data.tags[FINGERPRINT], REUSED_FROM: original, Tag.REUSED_AT: when,
-                 SERVED: f"reused {original}"})
+    tags.update({Tag.FINGERPRINT: found.data.tags[Tag.FINGERPRINT], Tag.REUSED_FROM: original, Tag.REUSED_AT: when,
+                 Tag.SERVED: f"reused {original}"})
     run = tracker.start(experiment_id, f"{name} (reused)", tags, parent=parent_run_id)
     metrics = {metric_name(k): v for k, v in found.data.metrics.items() if not k.startswith("offline_")}
     metrics.update(known_before(arm, offline))
