@@ -121,7 +121,7 @@ class LocalExecutor:
                     proc.communicate()
                     if cancel.is_set():
                         raise Cancelled(f"{argv[-1] if argv else 'command'} stopped: the diagnosis ended") from None
-                    raise
+                    raise subprocess.TimeoutExpired(argv, timeout_s) from None  # its own timeout, not the poll's
 
     def which(self, program: str) -> str | None:
         return shutil.which(program)

@@ -66,3 +66,14 @@ def test_an_offline_evaluation_on_a_remote_host_stops_when_the_diagnosis_ends(ss
     assert _until(lambda: not _running("engine_side/offline_eval.py"), 5), "the remote evaluation is still running"
     assert result["r"].status == "failed" and "Cancelled" in result["r"].note + str(
         tracker.client.get_run(parent).data.tags), result["r"]
+
+
+def test_a_cancellable_command_past_its_timeout_is_stopped_and_says_its_timeout():
+    import subprocess as sp
+
+    import pytest
+
+    with pytest.raises(sp.TimeoutExpired) as raised:
+        LocalExecutor().run(["sh", "-c", "sleep 311"], 1.0, cancel=threading.Event())
+    assert raised.value.timeout == 1.0
+    assert _until(lambda: not _running("sleep 311"), 5)
