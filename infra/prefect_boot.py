@@ -89,26 +89,14 @@ def early_server() -> EarlyServer | None:
     return EarlyServer()
 
 
-OWNED = "specdiag-owned"  # a flow run tagged so also carries its process's tag, owner_tag()
-
-
-def owner_tag(owner: dict) -> str:
-    return f"specdiag-owner:{owner['machine']}:{owner['boot_id']}:{owner['owner_pid']}:{owner['owner_started']}"
-
-
-def _owner(tags: list[str]) -> dict | None:
-    found = next((t for t in tags if t.startswith("specdiag-owner:")), None)
-    parts = found.split(":") if found else []
-    if len(parts) != 5 or not parts[3].isdigit():
-        return None
-    return {"machine": parts[1], "boot_id": parts[2], "owner_pid": int(parts[3]), "owner_started": parts[4]}
+OWNED = "specdiag-owned"  # a flow run tagged so also carries its process's tag, registry.owner_tag()
 
 
 def owner_tags() -> tuple[str, ...]:
     """Tags for every flow run this process starts (`with prefect.tags(*owner_tags())`): its owner, so that the next
     diagnosis can end them if this process dies without ending them (SIGKILL, out of memory)."""
     from infra import registry
-    return OWNED, owner_tag(registry.owner())
+    return OWNED, registry.owner_tag(registry.owner())
 
 
 def end_orphan_flow_runs() -> int:
@@ -127,7 +115,7 @@ def end_orphan_flow_runs() -> int:
     with get_client(sync_client=True) as client:
         for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[OWNED]),
                                                                        state=live)):
-            owner = _owner(run.tags)
+            owner = next(filter(None, map(registry.owner_of, run.tags)), None)
             if owner is None or registry.owner_alive(owner):
                 continue
             client.set_flow_run_state(run.id, Crashed(message=f"its process (pid {owner['owner_pid']} on "

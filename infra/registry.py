@@ -52,6 +52,19 @@ def owner() -> dict:
             "owner_started": _started(os.getpid())}
 
 
+def owner_tag(owner: dict) -> str:
+    """An owner() as one string (a run's tag, in MLflow and in Prefect); owner_of reads it back."""
+    return f"specdiag-owner:{owner['machine']}:{owner['boot_id']}:{owner['owner_pid']}:{owner['owner_started']}"
+
+
+def owner_of(tag: str | None) -> dict | None:
+    """The owner() that owner_tag wrote; None for anything else."""
+    parts = (tag or "").split(":")
+    if len(parts) != 5 or parts[0] != "specdiag-owner" or not parts[3].isdigit():
+        return None
+    return {"machine": parts[1], "boot_id": parts[2], "owner_pid": int(parts[3]), "owner_started": parts[4]}
+
+
 def remember(pid: int, pgid: int, arm: str, host: str, command: str, port: int | None = None,
              shm_before: list[str] | None = None) -> None:
     """shm_before: the host's /dev/shm names before the server started: a cleanup after its owner died removes only

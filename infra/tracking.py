@@ -5,7 +5,6 @@ Prefect tasks do not see it.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -161,7 +160,7 @@ class Tracker:
     def start(self, experiment_id: str, name: str, tags: dict[str, str], parent: str | None = None) -> str:
         """A run tagged with the process that ends it (Tag.OWNER): if that process dies unended, the next start ends
         it."""
-        tags = {**tags, Tag.OWNER: json.dumps(registry.owner()), **({Tag.PARENT: parent} if parent else {})}
+        tags = {**tags, Tag.OWNER: registry.owner_tag(registry.owner()), **({Tag.PARENT: parent} if parent else {})}
         return self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
 
     def end_orphans(self, experiment_id: str) -> list[str]:
@@ -169,11 +168,8 @@ class Tracker:
         reboot): ended KILLED, with why. A run of a live process, or of another machine, is left alone."""
         ended = []
         for run in self.client.search_runs([experiment_id], "attributes.status = 'RUNNING'", max_results=1000):
-            try:
-                owner = json.loads(run.data.tags[Tag.OWNER])
-            except (KeyError, ValueError):  # not started by specdiag's Tracker: not ours to judge
-                continue
-            if registry.owner_alive(owner):
+            owner = registry.owner_of(run.data.tags.get(Tag.OWNER))
+            if owner is None or registry.owner_alive(owner):  # another's run, or a live process's
                 continue
             why = (f"its process (pid {owner['owner_pid']} on {owner['machine']}) ended without ending the run "
                    "(SIGKILL, out of memory, a reboot); ended KILLED by the next diagnosis")

@@ -59,7 +59,8 @@ def test_flow_runs_a_dead_diagnosis_left_running_are_ended_by_the_next(prefect_s
     from prefect.states import Running
 
     from infra import registry
-    from infra.prefect_boot import OWNED, end_orphan_flow_runs, owner_tag
+    from infra.prefect_boot import OWNED, end_orphan_flow_runs
+    from infra.registry import owner_tag
 
     @flow
     def arm():
